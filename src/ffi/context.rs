@@ -1,0 +1,62 @@
+//! Context lifetime: the caller decides how many threads ssmk may use.
+
+use crate::runtime::Context;
+
+use super::guard::guard_value;
+
+/// Opaque execution context: a thread count and a private thread pool, built on first parallel
+/// use. Create with `ssmk_context_create`, free with `ssmk_context_destroy`. A context may be used
+/// by many host threads at once; destroying it while a call uses it is undefined behaviour.
+#[allow(non_camel_case_types)]
+pub struct ssmk_context {
+    pub(crate) inner: Context,
+}
+
+/// Creates a context that runs kernels on `num_threads` threads.
+///
+/// @param num_threads 1 runs every kernel on the calling thread and never starts a thread;
+///        0 means the default: the environment variable `SSMK_NUM_THREADS`, else the number of
+///        cores. Results are bitwise identical for every thread count.
+/// @return a new context owned by the caller (free it with ssmk_context_destroy), or NULL if
+///         memory could not be allocated.
+#[unsafe(no_mangle)]
+pub extern "C" fn ssmk_context_create(num_threads: u32) -> *mut ssmk_context {
+    guard_value(std::ptr::null_mut(), || {
+        Box::into_raw(Box::new(ssmk_context { inner: Context::new(num_threads) }))
+    })
+}
+
+/// Frees a context and joins its threads. NULL is a no-op.
+///
+/// @param ctx a context from ssmk_context_create that no call is using, or NULL.
+///
+/// # Safety
+/// `ctx` must come from `ssmk_context_create` and not have been destroyed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ssmk_context_destroy(ctx: *mut ssmk_context) {
+    guard_value((), || {
+        if !ctx.is_null() {
+            // SAFETY: the caller hands back ownership of a context we created.
+            drop(unsafe { Box::from_raw(ctx) });
+        }
+    })
+}
+
+/// Number of threads a context runs kernels on (NULL: the process default context).
+///
+/// @return the thread count, at least 1.
+///
+/// # Safety
+/// `ctx` must be NULL or a live context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ssmk_context_num_threads(ctx: *const ssmk_context) -> u32 {
+    guard_value(1, || unsafe { resolve(ctx) }.threads().min(u32::MAX as usize) as u32)
+}
+
+/// The context a call runs on: the caller's, or the process default for NULL.
+///
+/// # Safety
+/// `ctx` must be NULL or a live context.
+pub(crate) unsafe fn resolve<'a>(ctx: *const ssmk_context) -> &'a Context {
+    if ctx.is_null() { Context::process_default() } else { unsafe { &(*ctx).inner } }
+}

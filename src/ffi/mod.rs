@@ -1,0 +1,12 @@
+//! The exported C surface. Each export is a thin shell: validate every descriptor (`tensor`),
+//! then call a kernel. All go through `guard::guard` (tests enforce it), so no panic crosses the
+//! ABI and every failure sets the thread-local message.
+
+pub(crate) mod guard;
+
+pub mod context;
+pub mod memory;
+pub mod sequences;
+pub mod status;
+
+pub use context::ssmk_context;

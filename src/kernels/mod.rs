@@ -1,0 +1,4 @@
+//! The math. Each family has a plain portable `reference` and SIMD variants picked once per
+//! process from the active instruction set; nothing here knows about C descriptors.
+
+pub mod memory;

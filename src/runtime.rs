@@ -1,0 +1,195 @@
+//! Run-time environment of the kernels: the instruction set chosen once per process, and the
+//! context that owns a private, lazily built thread pool (never rayon's global pool).
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+/// Instruction-set levels, ordered: a kernel table picks the best entry `<=` the active level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust that LLVM may auto-vectorise for the build target.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL/DQ (plus AVX2/FMA/F16C).
+    Avx512,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Isa> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Some(Isa::Scalar),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+
+    /// What this CPU supports (cached).
+    pub fn detected() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(detect)
+    }
+
+    /// What the kernels use: the detected level, lowered (never raised) by `SSMK_MAX_ISA`.
+    /// Frozen at first use, so one process never mixes levels.
+    pub fn active() -> Isa {
+        static ACTIVE: OnceLock<Isa> = OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let cap = std::env::var("SSMK_MAX_ISA").ok().and_then(|s| Isa::parse(&s));
+            cap.map_or(Isa::detected(), |c| c.min(Isa::detected()))
+        })
+    }
+
+    /// Every level this CPU can run, lowest first (for tests and benchmarks).
+    pub fn supported() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= Isa::detected()).collect()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Isa {
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    let avx512 = avx2
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512dq");
+    if avx512 {
+        Isa::Avx512
+    } else if avx2 {
+        Isa::Avx2
+    } else {
+        Isa::Scalar
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Isa {
+    Isa::Scalar
+}
+
+/// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.
+pub fn default_threads() -> usize {
+    std::env::var("SSMK_NUM_THREADS")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Execution context: a thread count and, when that is above one, a private pool built on first
+/// parallel use. Shareable by many host threads at once.
+pub struct Context {
+    threads: usize,
+    pool: OnceLock<Option<rayon::ThreadPool>>,
+}
+
+impl Context {
+    /// `num_threads == 0` → [`default_threads`].
+    pub fn new(num_threads: u32) -> Context {
+        let threads = if num_threads == 0 { default_threads() } else { num_threads as usize };
+        Context { threads, pool: OnceLock::new() }
+    }
+
+    /// The process-wide context used when a call passes NULL.
+    pub fn process_default() -> &'static Context {
+        static DEFAULT: OnceLock<Context> = OnceLock::new();
+        DEFAULT.get_or_init(|| Context::new(0))
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn pool(&self) -> Option<&rayon::ThreadPool> {
+        self.pool
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.threads)
+                    .thread_name(|i| format!("ssmk-{i}"))
+                    .build()
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// Runs `task(i)` for every `i in 0..n`. With one thread (or one task) it runs in order on the
+    /// caller's thread and starts nothing; otherwise tasks are spread over the private pool. If
+    /// the pool cannot be built the tasks run inline: results never depend on where a task ran.
+    pub fn for_each(&self, n: usize, task: impl Fn(usize) + Send + Sync) {
+        if self.threads <= 1 || n <= 1 {
+            (0..n).for_each(task);
+            return;
+        }
+        match self.pool() {
+            Some(pool) => pool.install(|| (0..n).into_par_iter().for_each(&task)),
+            None => (0..n).for_each(task),
+        }
+    }
+}
+
+/// A raw pointer that tasks may share; the kernel that creates one proves the tasks touch
+/// disjoint memory.
+#[derive(Clone, Copy, Debug)]
+pub struct SharedPtr<T>(pub *mut T);
+
+// SAFETY: only a pointer value; every dereference is justified where it happens.
+unsafe impl<T> Send for SharedPtr<T> {}
+unsafe impl<T> Sync for SharedPtr<T> {}
+
+impl<T> SharedPtr<T> {
+    #[inline(always)]
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn one_thread_runs_inline_in_order() {
+        let ctx = Context::new(1);
+        let caller = std::thread::current().id();
+        let order = std::sync::Mutex::new(Vec::new());
+        ctx.for_each(5, |i| {
+            assert_eq!(std::thread::current().id(), caller);
+            order.lock().unwrap().push(i);
+        });
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        assert!(ctx.pool.get().is_none(), "a 1-thread context must not build a pool");
+    }
+
+    #[test]
+    fn pool_is_private_and_runs_every_task() {
+        let ctx = Context::new(3);
+        let hits = AtomicUsize::new(0);
+        ctx.for_each(100, |_| {
+            assert!(std::thread::current().name().unwrap_or("").starts_with("ssmk-"));
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn isa_levels() {
+        assert!(Isa::active() <= Isa::detected());
+        assert_eq!(Isa::parse("AVX2"), Some(Isa::Avx2));
+        assert_eq!(Isa::parse("sse"), None);
+        assert_eq!(Isa::supported()[0], Isa::Scalar);
+    }
+}

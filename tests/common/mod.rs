@@ -1,0 +1,197 @@
+//! Shared helpers for the integration tests: owned tensors that hand out `ssmk_tensor`
+//! descriptors, deterministic pseudo-random data, and error assertions.
+#![allow(dead_code)]
+
+use std::ffi::CStr;
+
+use half::{bf16, f16};
+use ssmk::dtype::{DType, Element};
+use ssmk::tensor::{ssmk_device, ssmk_dtype, ssmk_tensor};
+
+/// A tensor owning its bytes and its shape/strides.
+pub struct Tensor {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    pub strides: Option<Vec<i64>>,
+    /// Backing storage, u64 words so every dtype is aligned.
+    pub storage: Vec<u64>,
+}
+
+impl Tensor {
+    /// Compact row-major tensor of zeros.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
+        let numel: usize = shape.iter().product();
+        Tensor::with_layout(dtype, shape, None, numel)
+    }
+
+    /// Strided tensor over `span_elems` elements of zeroed storage.
+    pub fn with_layout(dtype: DType, shape: &[usize], strides: Option<&[usize]>, span_elems: usize) -> Tensor {
+        let bytes = span_elems * dtype.size();
+        Tensor {
+            dtype,
+            shape: shape.iter().map(|&s| s as i64).collect(),
+            strides: strides.map(|s| s.iter().map(|&x| x as i64).collect()),
+            storage: vec![0u64; bytes.div_ceil(8).max(1)],
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().map(|&s| s as usize).product()
+    }
+
+    /// Strides in elements (explicit or row-major).
+    pub fn elem_strides(&self) -> Vec<usize> {
+        match &self.strides {
+            Some(s) => s.iter().map(|&x| x as usize).collect(),
+            None => {
+                let mut st = vec![1usize; self.shape.len()];
+                for d in (0..self.shape.len().saturating_sub(1)).rev() {
+                    st[d] = st[d + 1] * self.shape[d + 1] as usize;
+                }
+                st
+            }
+        }
+    }
+
+    fn elem_offset(&self, index: &[usize]) -> usize {
+        index.iter().zip(self.elem_strides()).map(|(i, s)| i * s).sum()
+    }
+
+    /// Every byte of the backing storage (for "nothing was written" checks).
+    pub fn bytes(&self) -> Vec<u8> {
+        unsafe { std::slice::from_raw_parts(self.storage.as_ptr().cast::<u8>(), self.storage.len() * 8) }.to_vec()
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.storage.as_ptr().cast::<u8>().cast_mut()
+    }
+
+    /// The DLPack descriptor; valid while `self` lives and is not moved.
+    pub fn desc(&self) -> ssmk_tensor {
+        let (code, bits) = self.dtype.to_dlpack();
+        ssmk_tensor {
+            data: self.base().cast(),
+            device: ssmk_device { device_type: 1, device_id: 0 },
+            ndim: self.shape.len() as i32,
+            dtype: ssmk_dtype { code, bits, lanes: 1 },
+            shape: self.shape.as_ptr(),
+            strides: self.strides.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            byte_offset: 0,
+        }
+    }
+
+    /// Element as f64 (floats and ints).
+    pub fn get(&self, index: &[usize]) -> f64 {
+        let p = unsafe { self.base().add(self.elem_offset(index) * self.dtype.size()) };
+        unsafe {
+            match self.dtype {
+                DType::F32 => p.cast::<f32>().read() as f64,
+                DType::BF16 => p.cast::<bf16>().read().to_f32() as f64,
+                DType::F16 => p.cast::<f16>().read().to_f32() as f64,
+                DType::I32 => p.cast::<i32>().read() as f64,
+                DType::I64 => p.cast::<i64>().read() as f64,
+                DType::Bool | DType::U8 => p.read() as f64,
+            }
+        }
+    }
+
+    /// Stores `v`, rounded to the dtype (RNE for floats).
+    pub fn set(&mut self, index: &[usize], v: f64) {
+        let p = unsafe { self.base().add(self.elem_offset(index) * self.dtype.size()) };
+        unsafe {
+            match self.dtype {
+                DType::F32 => p.cast::<f32>().write(v as f32),
+                DType::BF16 => p.cast::<bf16>().write(<bf16 as Element>::from_f32(v as f32)),
+                DType::F16 => p.cast::<f16>().write(<f16 as Element>::from_f32(v as f32)),
+                DType::I32 => p.cast::<i32>().write(v as i32),
+                DType::I64 => p.cast::<i64>().write(v as i64),
+                DType::Bool | DType::U8 => p.write(v as u8),
+            }
+        }
+    }
+
+    /// Every logical index, row-major.
+    pub fn indices(&self) -> Vec<Vec<usize>> {
+        let dims: Vec<usize> = self.shape.iter().map(|&s| s as usize).collect();
+        let mut out = Vec::with_capacity(self.numel());
+        if dims.contains(&0) {
+            return out;
+        }
+        let mut idx = vec![0usize; dims.len()];
+        loop {
+            out.push(idx.clone());
+            let mut d = dims.len();
+            loop {
+                if d == 0 {
+                    return out;
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < dims[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+    }
+
+    /// Fills with uniform values in `[-scale, scale)` from `seed` (rounded to the dtype).
+    pub fn fill_random(&mut self, seed: u64, scale: f64) -> &mut Self {
+        let mut rng = Rng::new(seed);
+        for idx in self.indices() {
+            let v = rng.uniform() * 2.0 * scale - scale;
+            self.set(&idx, v);
+        }
+        self
+    }
+
+    /// A 1-D int/bool tensor from values.
+    pub fn ints(dtype: DType, values: &[i64]) -> Tensor {
+        let mut t = Tensor::zeros(dtype, &[values.len()]);
+        for (i, &v) in values.iter().enumerate() {
+            t.set(&[i], v as f64);
+        }
+        t
+    }
+
+    /// All elements as f64, row-major.
+    pub fn to_vec(&self) -> Vec<f64> {
+        self.indices().iter().map(|i| self.get(i)).collect()
+    }
+}
+
+/// xorshift64*: deterministic data for reproducible tests.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// The message of the last failed call on this thread.
+pub fn last_error() -> String {
+    unsafe { CStr::from_ptr(ssmk::ffi::status::ssmk_last_error_message()) }.to_string_lossy().into_owned()
+}
+
+/// Asserts a call failed with `status` and a message containing every fragment.
+pub fn assert_error(code: i32, status: i32, fragments: &[&str]) {
+    let msg = last_error();
+    assert_eq!(code, status, "expected status {status}, got {code}: {msg}");
+    for f in fragments {
+        assert!(msg.contains(f), "message {msg:?} lacks {f:?}");
+    }
+}

@@ -2,3 +2,4 @@
 //! process from the active instruction set; nothing here knows about C descriptors.
 
 pub mod memory;
+pub mod simd;

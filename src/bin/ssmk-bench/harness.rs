@@ -15,7 +15,11 @@ pub struct Config {
 impl Config {
     /// Samples per measurement and the minimum time each sample should take.
     fn samples(&self) -> (usize, Duration) {
-        if self.quick { (3, Duration::from_millis(2)) } else { (9, Duration::from_millis(50)) }
+        if self.quick {
+            (3, Duration::from_millis(2))
+        } else {
+            (9, Duration::from_millis(50))
+        }
     }
 
     /// `full` normally, `quick` in a smoke run.
@@ -46,7 +50,9 @@ pub fn time(cfg: &Config, mut f: impl FnMut()) -> f64 {
     let start = Instant::now();
     f();
     let once = start.elapsed().max(Duration::from_nanos(50));
-    let reps = (min_sample.as_secs_f64() / once.as_secs_f64()).ceil().max(1.0) as usize;
+    let reps = (min_sample.as_secs_f64() / once.as_secs_f64())
+        .ceil()
+        .max(1.0) as usize;
     let mut times: Vec<f64> = (0..samples)
         .map(|_| {
             let t = Instant::now();
@@ -64,7 +70,10 @@ pub fn time(cfg: &Config, mut f: impl FnMut()) -> f64 {
 pub fn ok(status: i32) {
     if status != 0 {
         let msg = unsafe { std::ffi::CStr::from_ptr(ssmk::ffi::status::ssmk_last_error_message()) };
-        panic!("ssmk call failed with status {status}: {}", msg.to_string_lossy());
+        panic!(
+            "ssmk call failed with status {status}: {}",
+            msg.to_string_lossy()
+        );
     }
 }
 
@@ -104,7 +113,8 @@ unsafe fn fma_loop_avx2(iters: usize) -> f32 {
     use std::arch::x86_64::*;
     let m = _mm256_set1_ps(std::hint::black_box(0.999_999));
     let a = _mm256_set1_ps(std::hint::black_box(1e-7));
-    let mut acc: [__m256; 10] = std::array::from_fn(|i| _mm256_set1_ps(std::hint::black_box(i as f32)));
+    let mut acc: [__m256; 10] =
+        std::array::from_fn(|i| _mm256_set1_ps(std::hint::black_box(i as f32)));
     for _ in 0..iters {
         for v in acc.iter_mut() {
             *v = _mm256_fmadd_ps(*v, m, a);
@@ -122,8 +132,6 @@ unsafe fn fma_loop_avx2(iters: usize) -> f32 {
 pub enum Work {
     /// Bytes moved (read + written).
     Bytes(f64),
-    /// Floating-point operations.
-    Flops(f64),
 }
 
 /// One line of the result table.
@@ -145,7 +153,6 @@ impl Row {
     pub fn rate(&self) -> (f64, &'static str) {
         match self.work {
             Work::Bytes(b) => (b / self.seconds / 1e9, "GB/s"),
-            Work::Flops(f) => (f / self.seconds / 1e9, "GFLOP/s"),
         }
     }
 }
@@ -169,7 +176,13 @@ impl Report {
     pub fn to_json(&self) -> String {
         let mut s = String::from("{\n  \"facts\": {");
         for (i, (k, v)) in self.facts.iter().enumerate() {
-            let _ = write!(s, "{}\n    {}: {}", if i > 0 { "," } else { "" }, json_str(k), json_str(v));
+            let _ = write!(
+                s,
+                "{}\n    {}: {}",
+                if i > 0 { "," } else { "" },
+                json_str(k),
+                json_str(v)
+            );
         }
         s.push_str("\n  },\n  \"rows\": [");
         for (i, r) in self.rows.iter().enumerate() {
@@ -185,8 +198,12 @@ impl Report {
                 r.seconds,
                 rate,
                 json_str(unit),
-                r.baseline.as_ref().map_or("null".into(), |b| json_str(&b.0)),
-                r.baseline.as_ref().map_or("null".into(), |b| format!("{:.4}", b.1)),
+                r.baseline
+                    .as_ref()
+                    .map_or("null".into(), |b| json_str(&b.0)),
+                r.baseline
+                    .as_ref()
+                    .map_or("null".into(), |b| format!("{:.4}", b.1)),
                 r.vs_reference.map_or("null".into(), |v| format!("{v:.4}")),
                 json_str(&r.note),
             );
@@ -221,8 +238,15 @@ pub fn print_header() {
 
 fn print_row(r: &Row) {
     let (rate, unit) = r.rate();
-    let time = if r.seconds < 1e-3 { format!("{:.1} us", r.seconds * 1e6) } else { format!("{:.3} ms", r.seconds * 1e3) };
-    let baseline = r.baseline.as_ref().map_or("-".into(), |(name, x)| format!("{x:.2}x {name}"));
+    let time = if r.seconds < 1e-3 {
+        format!("{:.1} us", r.seconds * 1e6)
+    } else {
+        format!("{:.3} ms", r.seconds * 1e3)
+    };
+    let baseline = r
+        .baseline
+        .as_ref()
+        .map_or("-".into(), |(name, x)| format!("{x:.2}x {name}"));
     let reference = r.vs_reference.map_or("-".into(), |x| format!("{x:.1}x"));
     println!(
         "{:<28} {:<34} {:<9} {:>3} {:>11} {:>9.2} {:<7} {:>21} {:>8}  {}",

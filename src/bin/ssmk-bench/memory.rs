@@ -36,19 +36,31 @@ fn bench_copies(cfg: &Config, report: &mut Report, count: usize, size: usize, po
     let mut dst = pool(pool_bytes);
     let slots = pool_bytes / size;
     let (ps, pd) = (permutation(slots, 7), permutation(slots, 11));
-    let dsts: Vec<*mut c_void> = (0..count).map(|i| unsafe { dst.as_mut_ptr().add(pd[i] * size) }.cast()).collect();
-    let srcs: Vec<*const c_void> = (0..count).map(|i| unsafe { src.as_ptr().add(ps[i] * size) }.cast()).collect();
+    let dsts: Vec<*mut c_void> = (0..count)
+        .map(|i| unsafe { dst.as_mut_ptr().add(pd[i] * size) }.cast())
+        .collect();
+    let srcs: Vec<*const c_void> = (0..count)
+        .map(|i| unsafe { src.as_ptr().add(ps[i] * size) }.cast())
+        .collect();
     let sizes = vec![size; count];
     let libc_loop = time(cfg, || {
         for i in 0..count {
             unsafe { libc::memmove(dsts[i], srcs[i], size) };
         }
     });
-    let shape = format!("{count} x {} in {} MiB pools", human(size), pool_bytes >> 20);
+    let shape = format!(
+        "{count} x {} in {} MiB pools",
+        human(size),
+        pool_bytes >> 20
+    );
     let bytes = 2.0 * (count * size) as f64;
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let t = time(cfg, || ok(unsafe { ssmk_batch_memcpy(ctx.0, dsts.as_ptr(), srcs.as_ptr(), sizes.as_ptr(), count) }));
+        let t = time(cfg, || {
+            ok(unsafe {
+                ssmk_batch_memcpy(ctx.0, dsts.as_ptr(), srcs.as_ptr(), sizes.as_ptr(), count)
+            })
+        });
         report.push(Row {
             op: "batch_memcpy".into(),
             shape: shape.clone(),
@@ -58,7 +70,11 @@ fn bench_copies(cfg: &Config, report: &mut Report, count: usize, size: usize, po
             work: Work::Bytes(bytes),
             baseline: Some(("libc memmove loop".into(), libc_loop / t)),
             vs_reference: None,
-            note: format!("{:.1} ns/entry (libc loop {:.1})", t / count as f64 * 1e9, libc_loop / count as f64 * 1e9),
+            note: format!(
+                "{:.1} ns/entry (libc loop {:.1})",
+                t / count as f64 * 1e9,
+                libc_loop / count as f64 * 1e9
+            ),
         });
     }
 }
@@ -73,13 +89,22 @@ fn human(bytes: usize) -> String {
     }
 }
 
-fn bench_zero(cfg: &Config, report: &mut Report, blocks: usize, block_bytes: usize, cache_bytes: usize) {
+fn bench_zero(
+    cfg: &Config,
+    report: &mut Report,
+    blocks: usize,
+    block_bytes: usize,
+    cache_bytes: usize,
+) {
     let cache = pool(cache_bytes);
     let num_blocks = cache_bytes / block_bytes;
     // Successive calls zero different blocks, so each call meets cold memory as a runtime
     // freeing long-idle blocks does (rather than re-zeroing lines still in L3).
     let order = permutation(num_blocks, 5);
-    let sets: Vec<Vec<i64>> = order.chunks_exact(blocks).map(|c| c.iter().map(|&b| b as i64).collect()).collect();
+    let sets: Vec<Vec<i64>> = order
+        .chunks_exact(blocks)
+        .map(|c| c.iter().map(|&b| b as i64).collect())
+        .collect();
     let next = std::cell::Cell::new(0usize);
     let take = || {
         let i = next.get();
@@ -90,9 +115,16 @@ fn bench_zero(cfg: &Config, report: &mut Report, blocks: usize, block_bytes: usi
     let (code, bits) = DType::BF16.to_dlpack();
     let mut cache_desc = ssmk_tensor {
         data: cache.as_ptr().cast_mut().cast(),
-        device: ssmk_device { device_type: 1, device_id: 0 },
+        device: ssmk_device {
+            device_type: 1,
+            device_id: 0,
+        },
         ndim: 2,
-        dtype: ssmk_dtype { code, bits, lanes: 1 },
+        dtype: ssmk_dtype {
+            code,
+            bits,
+            lanes: 1,
+        },
         shape: shape.as_ptr(),
         strides: std::ptr::null(),
         byte_offset: 0,
@@ -100,9 +132,16 @@ fn bench_zero(cfg: &Config, report: &mut Report, blocks: usize, block_bytes: usi
     let id_shape = [blocks as i64];
     let mut id_desc = ssmk_tensor {
         data: std::ptr::null_mut(),
-        device: ssmk_device { device_type: 1, device_id: 0 },
+        device: ssmk_device {
+            device_type: 1,
+            device_id: 0,
+        },
         ndim: 1,
-        dtype: ssmk_dtype { code: 0, bits: 64, lanes: 1 },
+        dtype: ssmk_dtype {
+            code: 0,
+            bits: 64,
+            lanes: 1,
+        },
         shape: id_shape.as_ptr(),
         strides: std::ptr::null(),
         byte_offset: 0,
@@ -113,7 +152,11 @@ fn bench_zero(cfg: &Config, report: &mut Report, blocks: usize, block_bytes: usi
             unsafe { libc::memset(base.add(id as usize * block_bytes).cast(), 0, block_bytes) };
         }
     });
-    let shape = format!("{blocks} x {} in {} MiB cache", human(block_bytes), cache_bytes >> 20);
+    let shape = format!(
+        "{blocks} x {} in {} MiB cache",
+        human(block_bytes),
+        cache_bytes >> 20
+    );
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
         let t = time(cfg, || {
@@ -139,5 +182,11 @@ pub fn run(cfg: &Config, report: &mut Report) {
     bench_copies(cfg, report, cfg.pick(4096, 1024), 16 << 10, pool_bytes);
     bench_copies(cfg, report, cfg.pick(64, 16), 1 << 20, pool_bytes);
     bench_copies(cfg, report, 4096, 64, pool_bytes);
-    bench_zero(cfg, report, cfg.pick(512, 128), 64 << 10, cfg.pick(1 << 30, 64 << 20));
+    bench_zero(
+        cfg,
+        report,
+        cfg.pick(512, 128),
+        64 << 10,
+        cfg.pick(1 << 30, 64 << 20),
+    );
 }

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use common::native::*;
+use ssmk::runtime::Isa;
 
 fn header_functions() -> BTreeSet<String> {
     let header = std::fs::read_to_string(repo().join("include/ssmk.h")).unwrap();

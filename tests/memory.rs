@@ -362,3 +362,47 @@ fn zero_blocks_multi_partially_overlapping_views() {
     assert_eq!(code, SSMK_OK, "{}", common::last_error());
     assert!(kv.bytes() == want);
 }
+
+#[test]
+fn one_context_shared_by_many_host_threads() {
+    let ctx = Ctx::new(2);
+    let ctx_ptr = ctx.0 as usize;
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            scope.spawn(move || {
+                let ctx = ctx_ptr as *const ssmk_context;
+                for round in 0..20 {
+                    let pool_len = 4 << 20;
+                    let init = pattern(pool_len, t * 100 + round);
+                    let entries: Vec<Entry> = (0..8)
+                        .map(|i| (i << 19, (i << 19) + 4096, 3 << 17))
+                        .collect();
+                    let mut want = init.clone();
+                    serial_memmove(&mut want, &entries);
+                    let mut pool = init;
+                    let base = pool.as_mut_ptr();
+                    let dst: Vec<*mut c_void> = entries
+                        .iter()
+                        .map(|e| unsafe { base.add(e.0) }.cast())
+                        .collect();
+                    let src: Vec<*const c_void> = entries
+                        .iter()
+                        .map(|e| unsafe { base.add(e.1) }.cast_const().cast())
+                        .collect();
+                    let sizes: Vec<usize> = entries.iter().map(|e| e.2).collect();
+                    let code = unsafe {
+                        ssmk_batch_memcpy(
+                            ctx,
+                            dst.as_ptr(),
+                            src.as_ptr(),
+                            sizes.as_ptr(),
+                            entries.len(),
+                        )
+                    };
+                    assert_eq!(code, SSMK_OK);
+                    assert!(pool == want);
+                }
+            });
+        }
+    });
+}

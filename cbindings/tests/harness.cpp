@@ -3,6 +3,7 @@
 #include "ssmk.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -18,6 +19,7 @@ TEST_CASE(version_macros_match_runtime) {
   CHECK(expected == ssmk_version());
   std::string isa = ssmk_active_isa();
   CHECK(isa == "scalar" || isa == "avx2" || isa == "avx512");
+  std::printf("active isa: %s\n", isa.c_str());
 }
 
 TEST_CASE(status_strings) {

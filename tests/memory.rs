@@ -46,7 +46,7 @@ fn run_batch(ctx: *const ssmk_context, pool: &mut [u8], entries: &[Entry]) -> i3
     let sizes: Vec<usize> = entries.iter().map(|e| e.2).collect();
     unsafe {
         ssmk_batch_memcpy(
-            ctx.0,
+            ctx,
             dst.as_ptr(),
             src.as_ptr(),
             sizes.as_ptr(),

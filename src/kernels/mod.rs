@@ -1,5 +1,6 @@
 //! The math. Each family has a plain portable `reference` and SIMD variants picked once per
 //! process from the active instruction set; nothing here knows about C descriptors.
 
+pub mod conv;
 pub mod memory;
 pub mod simd;

@@ -1,0 +1,426 @@
+//! Vector kernels: channels in SIMD lanes, a register sliding window over tokens. One generic body
+//! over [`Simd`], instantiated per ISA by the `#[target_feature]` entry points at the bottom.
+//!
+//! A task (token group × channel block) first widens its block of weights and bias to f32 once,
+//! then for each piece walks sub-blocks of `SUB_TOKENS` tokens: per channel vector it loads the
+//! `W-1` history rows (state or zeros at a sequence start, else the preceding rows of `x`), then
+//! slides over the sub-block keeping the window in registers. Channels past the last full vector
+//! take a scalar path with the same operation order. Only after all of a piece's outputs are
+//! stored does the task holding a sequence's first piece write its new state.
+
+use half::{bf16, f16};
+
+use super::reference::output as scalar_output;
+use super::{CHANNEL_BLOCK, Piece, Plan, Problem, Seq, StateUpdate};
+use crate::dtype::DType;
+use crate::kernels::simd::{Avx2, Avx512, Simd, SimdElement};
+
+/// Tokens per register pass: a pass re-reads `W-1` history rows, and keeps the rows it touches
+/// (`SUB_TOKENS` x 64-byte lines for x and for out) in L1 while the next vectors of the same lines run.
+const SUB_TOKENS: usize = 32;
+/// Widest vector supported (AVX-512, f32 lanes).
+const MAX_LANES: usize = 16;
+
+/// How the conv reads its input rows and stores its output rows: plain `x`/`out` here; a fused
+/// caller (e.g. LFM2's `C * conv(B * x)`) supplies another implementation to transform the input
+/// before the conv and the output after it without another pass over memory. Rows have contiguous
+/// channels. Input values must be exactly representable in the activation dtype, since they are
+/// also what the state stores.
+pub trait RowIo: Sync {
+    /// Input lanes of channels `c..c+LANES` of the token row starting at `row`.
+    unsafe fn load<S: Simd, A: SimdElement>(&self, row: *const A, c: usize) -> S::V;
+    /// Input of channel `c` of the row starting at `row`.
+    unsafe fn load1<A: SimdElement>(&self, row: *const A, c: usize) -> f32;
+    /// Stores conv outputs `v` for channels `c..c+LANES` of the output row `out`; `row` is the
+    /// same token's input row.
+    unsafe fn store<S: Simd, A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: S::V);
+    /// Stores the output of channel `c`.
+    unsafe fn store1<A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: f32);
+}
+
+/// The plain conv: input = x, output = the conv's result.
+pub struct Plain;
+
+impl RowIo for Plain {
+    #[inline(always)]
+    unsafe fn load<S: Simd, A: SimdElement>(&self, row: *const A, c: usize) -> S::V {
+        unsafe { A::load::<S>(row.add(c)) }
+    }
+    #[inline(always)]
+    unsafe fn load1<A: SimdElement>(&self, row: *const A, c: usize) -> f32 {
+        unsafe { row.add(c).read().to_f32() }
+    }
+    #[inline(always)]
+    unsafe fn store<S: Simd, A: SimdElement>(
+        &self,
+        out: *mut A,
+        _row: *const A,
+        c: usize,
+        v: S::V,
+    ) {
+        unsafe { A::store::<S>(out.add(c), v) }
+    }
+    #[inline(always)]
+    unsafe fn store1<A: SimdElement>(&self, out: *mut A, _row: *const A, c: usize, v: f32) {
+        unsafe { out.add(c).write(A::from_f32(v)) }
+    }
+}
+
+#[inline(always)]
+unsafe fn silu<S: Simd>(x: S::V) -> S::V {
+    unsafe { S::div(x, S::add(S::splat(1.0), S::exp(S::sub(S::zero(), x)))) }
+}
+
+/// `LANES` elements `stride` apart, as f32 lanes.
+#[inline(always)]
+unsafe fn load_lanes<S: Simd, E: SimdElement>(p: *const E, stride: usize) -> S::V {
+    unsafe {
+        if stride == 1 {
+            return E::load::<S>(p);
+        }
+        let mut tmp = [0f32; MAX_LANES];
+        for (l, v) in tmp.iter_mut().enumerate().take(S::LANES) {
+            *v = p.add(l * stride).read().to_f32();
+        }
+        S::load_f32(tmp.as_ptr())
+    }
+}
+
+/// Stores f32 lanes to `LANES` elements `stride` apart (rounded to nearest-even).
+#[inline(always)]
+unsafe fn store_lanes<S: Simd, E: SimdElement>(p: *mut E, stride: usize, v: S::V) {
+    unsafe {
+        if stride == 1 {
+            return E::store::<S>(p, v);
+        }
+        let mut tmp = [0f32; MAX_LANES];
+        S::store_f32(tmp.as_mut_ptr(), v);
+        for (l, x) in tmp.iter().enumerate().take(S::LANES) {
+            p.add(l * stride).write(E::from_f32(*x));
+        }
+    }
+}
+
+/// One task: token group `i / channel_blocks`, channel block `i % channel_blocks`.
+#[inline(always)]
+pub unsafe fn task<S: Simd, Io: RowIo>(p: &Problem, plan: &Plan, i: usize, io: &Io) {
+    const { assert!(S::LANES <= MAX_LANES && CHANNEL_BLOCK.is_multiple_of(S::LANES)) };
+    let (g, cb) = (i / plan.channel_blocks, i % plan.channel_blocks);
+    let pieces = &plan.pieces[plan.groups[g].clone()];
+    let c0 = cb * CHANNEL_BLOCK;
+    let cn = CHANNEL_BLOCK.min(p.channels - c0);
+    macro_rules! go {
+        ($A:ty, $St:ty) => {
+            match p.width {
+                2 => block::<S, $A, $St, Io, 2>(p, pieces, c0, cn, io),
+                3 => block::<S, $A, $St, Io, 3>(p, pieces, c0, cn, io),
+                4 => block::<S, $A, $St, Io, 4>(p, pieces, c0, cn, io),
+                5 => block::<S, $A, $St, Io, 5>(p, pieces, c0, cn, io),
+                6 => block::<S, $A, $St, Io, 6>(p, pieces, c0, cn, io),
+                7 => block::<S, $A, $St, Io, 7>(p, pieces, c0, cn, io),
+                8 => block::<S, $A, $St, Io, 8>(p, pieces, c0, cn, io),
+                w => unreachable!("validated width {w}"),
+            }
+        };
+    }
+    unsafe {
+        match (p.act, p.state_dtype) {
+            (DType::F32, _) => go!(f32, f32),
+            (DType::BF16, DType::F32) => go!(bf16, f32),
+            (DType::BF16, _) => go!(bf16, bf16),
+            (DType::F16, DType::F32) => go!(f16, f32),
+            (DType::F16, _) => go!(f16, f16),
+            (a, s) => unreachable!("validated dtypes {a:?}/{s:?}"),
+        }
+    }
+}
+
+/// Channels `c0..c0+cn` of every piece of a token group.
+#[inline(always)]
+unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: usize>(
+    p: &Problem,
+    pieces: &[Piece],
+    c0: usize,
+    cn: usize,
+    io: &Io,
+) {
+    // Weights as [tap][channel] f32 and the bias, widened once per task.
+    let mut weight = [[0f32; CHANNEL_BLOCK]; W];
+    let mut bias = [0f32; CHANNEL_BLOCK];
+    for j in 0..cn {
+        for (k, row) in weight.iter_mut().enumerate() {
+            row[j] = unsafe { p.weight.get(c0 + j, k) };
+        }
+        bias[j] = p.bias.map_or(0.0, |m| unsafe { m.get(c0 + j, 0) });
+    }
+    let vec_end = cn / S::LANES * S::LANES;
+    for pc in pieces {
+        let s = &p.seqs[pc.seq];
+        let (x, out) = (s.x.cast::<A>(), s.out.cast::<A>());
+        if s.pad {
+            unsafe { zero_rows::<S, A>(p, out, pc.t0..pc.t1, c0, cn) };
+            continue;
+        }
+        let mut sub = pc.t0;
+        while sub < pc.t1 {
+            let n = SUB_TOKENS.min(pc.t1 - sub);
+            let (xs, os) = unsafe { (x.add(sub * p.x_tok), out.add(sub * p.out_tok)) };
+            for v in (0..vec_end).step_by(S::LANES) {
+                let c = c0 + v;
+                unsafe {
+                    let mut w = [S::zero(); W];
+                    for (k, wk) in w.iter_mut().enumerate() {
+                        *wk = S::load_f32(weight[k].as_ptr().add(v));
+                    }
+                    let mut win = [S::zero(); W];
+                    for (j, h) in win.iter_mut().enumerate().take(W - 1) {
+                        *h = history::<S, A, St, Io>(p, s, sub, j, W, c, io);
+                    }
+                    let b = S::load_f32(bias.as_ptr().add(v));
+                    for t in 0..n {
+                        let row = xs.add(t * p.x_tok);
+                        win[W - 1] = io.load::<S, A>(row, c);
+                        let mut acc = b;
+                        for k in 0..W {
+                            acc = S::fma(w[k], win[k], acc);
+                        }
+                        if p.silu {
+                            acc = silu::<S>(acc);
+                        }
+                        io.store::<S, A>(os.add(t * p.out_tok), row, c, acc);
+                        for k in 0..W - 1 {
+                            win[k] = win[k + 1];
+                        }
+                    }
+                }
+            }
+            for j in vec_end..cn {
+                let c = c0 + j;
+                let taps: [f32; W] = std::array::from_fn(|k| weight[k][j]);
+                let mut win = [0f32; W];
+                for (jj, h) in win.iter_mut().enumerate().take(W - 1) {
+                    *h = unsafe { history1::<A, St, Io>(p, s, sub, jj, W, c, io) };
+                }
+                for t in 0..n {
+                    unsafe {
+                        let row = xs.add(t * p.x_tok);
+                        win[W - 1] = io.load1::<A>(row, c);
+                        io.store1::<A>(
+                            os.add(t * p.out_tok),
+                            row,
+                            c,
+                            scalar_output(&taps, &win, bias[j], p.silu),
+                        );
+                    }
+                    win.copy_within(1.., 0);
+                }
+            }
+            sub += n;
+        }
+        if let (0, Some(state)) = (pc.t0, s.state) {
+            unsafe { write_state::<S, A, St, Io>(p, s, state.cast::<St>(), c0, cn, io) };
+        }
+    }
+}
+
+/// Row of the slot holding history entry 0 (relative time `-(W-1)`).
+#[inline(always)]
+fn first_history_row(s: &Seq) -> usize {
+    match s.update {
+        StateUpdate::Append => 0,
+        StateUpdate::Rolling { accepted } => accepted - 1,
+    }
+}
+
+/// History entry `j` (input at relative time `sub - (W-1) + j`) for channels `c..c+LANES`.
+#[inline(always)]
+unsafe fn history<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
+    p: &Problem,
+    s: &Seq,
+    sub: usize,
+    j: usize,
+    w: usize,
+    c: usize,
+    io: &Io,
+) -> S::V {
+    unsafe {
+        if sub > 0 {
+            // sub >= SUB_TOKENS > W-1: the preceding rows are this sequence's own tokens.
+            return io.load::<S, A>(s.x.cast::<A>().add((sub + j - (w - 1)) * p.x_tok), c);
+        }
+        match (s.state, s.read_state) {
+            (Some(st), true) => {
+                let row = first_history_row(s) + j;
+                load_lanes::<S, St>(
+                    st.cast::<St>().add(row * p.state_row + c * p.state_ch),
+                    p.state_ch,
+                )
+            }
+            _ => S::zero(),
+        }
+    }
+}
+
+/// Scalar [`history`] for one channel.
+#[inline(always)]
+unsafe fn history1<A: SimdElement, St: SimdElement, Io: RowIo>(
+    p: &Problem,
+    s: &Seq,
+    sub: usize,
+    j: usize,
+    w: usize,
+    c: usize,
+    io: &Io,
+) -> f32 {
+    unsafe {
+        if sub > 0 {
+            return io.load1::<A>(s.x.cast::<A>().add((sub + j - (w - 1)) * p.x_tok), c);
+        }
+        match (s.state, s.read_state) {
+            (Some(st), true) => {
+                let row = first_history_row(s) + j;
+                st.cast::<St>()
+                    .add(row * p.state_row + c * p.state_ch)
+                    .read()
+                    .to_f32()
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+/// Output rows `rows` of a padded sequence become zeros.
+#[inline(always)]
+unsafe fn zero_rows<S: Simd, A: SimdElement>(
+    p: &Problem,
+    out: *mut A,
+    rows: std::ops::Range<usize>,
+    c0: usize,
+    cn: usize,
+) {
+    let vec_end = cn / S::LANES * S::LANES;
+    for t in rows {
+        unsafe {
+            let row = out.add(t * p.out_tok + c0);
+            for v in (0..vec_end).step_by(S::LANES) {
+                A::store::<S>(row.add(v), S::zero());
+            }
+            for j in vec_end..cn {
+                row.add(j).write(A::from_f32(0.0));
+            }
+        }
+    }
+}
+
+/// Copies state row `from` to row `to` for channels `c0..c0+cn` (elements as they are).
+#[inline(always)]
+unsafe fn copy_row<St: Copy>(
+    p: &Problem,
+    st: *mut St,
+    from: usize,
+    to: usize,
+    c0: usize,
+    cn: usize,
+) {
+    unsafe {
+        let (src, dst) = (
+            st.add(from * p.state_row + c0 * p.state_ch),
+            st.add(to * p.state_row + c0 * p.state_ch),
+        );
+        if p.state_ch == 1 {
+            std::ptr::copy(src, dst, cn);
+        } else {
+            for j in 0..cn {
+                dst.add(j * p.state_ch)
+                    .write(src.add(j * p.state_ch).read());
+            }
+        }
+    }
+}
+
+/// Writes input row `row` of the sequence (channels `c0..c0+cn`) into state row `to`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn input_to_row<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
+    p: &Problem,
+    s: &Seq,
+    st: *mut St,
+    row: usize,
+    to: usize,
+    c0: usize,
+    cn: usize,
+    io: &Io,
+) {
+    let vec_end = cn / S::LANES * S::LANES;
+    unsafe {
+        let xr = s.x.cast::<A>().add(row * p.x_tok);
+        let dst = st.add(to * p.state_row + c0 * p.state_ch);
+        for v in (0..vec_end).step_by(S::LANES) {
+            store_lanes::<S, St>(
+                dst.add(v * p.state_ch),
+                p.state_ch,
+                io.load::<S, A>(xr, c0 + v),
+            );
+        }
+        for j in vec_end..cn {
+            dst.add(j * p.state_ch)
+                .write(St::from_f32(io.load1::<A>(xr, c0 + j)));
+        }
+    }
+}
+
+/// The sequence's new state for channels `c0..c0+cn`, after all its outputs have been stored.
+#[inline(always)]
+unsafe fn write_state<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
+    p: &Problem,
+    s: &Seq,
+    st: *mut St,
+    c0: usize,
+    cn: usize,
+    io: &Io,
+) {
+    let w = p.width;
+    unsafe {
+        match s.update {
+            StateUpdate::Append => {
+                // Row j := input at relative time len - (W-1) + j. Ascending j only reads rows
+                // above the ones already written.
+                for j in 0..w - 1 {
+                    if s.len + j >= w - 1 {
+                        input_to_row::<S, A, St, Io>(p, s, st, s.len + j - (w - 1), j, c0, cn, io);
+                    } else if !s.read_state {
+                        let dst = st.add(j * p.state_row + c0 * p.state_ch);
+                        for jj in 0..cn {
+                            dst.add(jj * p.state_ch).write(St::from_f32(0.0));
+                        }
+                    } else if s.len > 0 {
+                        copy_row(p, st, s.len + j, j, c0, cn);
+                    }
+                }
+            }
+            StateUpdate::Rolling { accepted } => {
+                let keep = p.state_rows - s.len;
+                for r in 0..keep {
+                    copy_row(p, st, r + accepted, r, c0, cn);
+                }
+                for q in 0..s.len {
+                    input_to_row::<S, A, St, Io>(p, s, st, q, keep + q, c0, cn, io);
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `p` is validated and `i < plan.tasks()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn task_avx2(p: &Problem, plan: &Plan, i: usize) {
+    unsafe { task::<Avx2, Plain>(p, plan, i, &Plain) }
+}
+
+/// # Safety
+/// As for [`task_avx2`], with AVX-512 F/BW/VL/DQ.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub unsafe fn task_avx512(p: &Problem, plan: &Plan, i: usize) {
+    unsafe { task::<Avx512, Plain>(p, plan, i, &Plain) }
+}

@@ -1,12 +1,15 @@
-//! Vector kernels: channels in SIMD lanes, a register sliding window over tokens. One generic body
-//! over [`Simd`], instantiated per ISA by the `#[target_feature]` entry points at the bottom.
+//! Vector kernels: channels in SIMD lanes, tokens in row order. One generic body over [`Simd`],
+//! instantiated per ISA by the `#[target_feature]` entry points at the bottom.
 //!
 //! A task (token group × channel block) first widens its block of weights and bias to f32 once,
-//! then for each piece walks sub-blocks of `SUB_TOKENS` tokens: per channel vector it loads the
-//! `W-1` history rows (state or zeros at a sequence start, else the preceding rows of `x`), then
-//! slides over the sub-block keeping the window in registers. Channels past the last full vector
-//! take a scalar path with the same operation order. Only after all of a piece's outputs are
-//! stored does the task holding a sequence's first piece write its new state.
+//! then walks each piece token by token, all channel vectors of a row before the next row. The
+//! window of a token is re-read from the `W` rows of `x` ending at it (the older ones are still in
+//! L1), so memory is read row after row: a vertical walk down one channel vector would touch one
+//! line per row, rows `D` elements apart, which all fall into the same cache sets when `D` is a
+//! power of two. Tokens of a sequence's first `W-1` positions take their older inputs from the
+//! state (or zeros). Channels past the last full vector take a scalar path with the same operation
+//! order. Only after all of a piece's outputs are stored does the task holding a sequence's first
+//! piece write its new state.
 
 use half::{bf16, f16};
 
@@ -15,11 +18,11 @@ use super::{CHANNEL_BLOCK, Piece, Plan, Problem, Seq, StateUpdate};
 use crate::dtype::DType;
 use crate::kernels::simd::{Avx2, Avx512, Simd, SimdElement};
 
-/// Tokens per register pass: a pass re-reads `W-1` history rows, and keeps the rows it touches
-/// (`SUB_TOKENS` x 64-byte lines for x and for out) in L1 while the next vectors of the same lines run.
-const SUB_TOKENS: usize = 32;
 /// Widest vector supported (AVX-512, f32 lanes).
 const MAX_LANES: usize = 16;
+/// Rows ahead that the row loop prefetches. Rows are `D` elements apart, so each row's block of
+/// channels sits in another page where the hardware prefetchers would start cold.
+const PREFETCH_ROWS: usize = 4;
 
 /// How the conv reads its input rows and stores its output rows: plain `x`/`out` here; a fused
 /// caller (e.g. LFM2's `C * conv(B * x)`) supplies another implementation to transform the input
@@ -36,6 +39,18 @@ pub trait RowIo: Sync {
     unsafe fn store<S: Simd, A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: S::V);
     /// Stores the output of channel `c`.
     unsafe fn store1<A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: f32);
+    /// Hints that the input of channel `c` of row `row` will be loaded soon.
+    #[inline(always)]
+    unsafe fn prefetch<A: SimdElement>(&self, row: *const A, c: usize) {
+        prefetch(row.wrapping_add(c));
+    }
+}
+
+/// Asks for the cache line holding `p` (never faults; a hint only).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    // SAFETY: prefetch is SSE (baseline on x86_64) and does not access memory architecturally.
+    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast()) }
 }
 
 /// The plain conv: input = x, output = the conv's result.
@@ -217,71 +232,118 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
         bias[j] = p.bias.map_or(0.0, |m| unsafe { m.get(c0 + j, 0) });
     }
     let vec_end = cn / S::LANES * S::LANES;
-    for pc in pieces {
+    for (i, pc) in pieces.iter().enumerate() {
         let s = &p.seqs[pc.seq];
+        // The next sequence start in this group, whose first rows the passes prefetch.
+        let next_seq = pieces
+            .get(i + 1)
+            .filter(|n| n.t0 == 0)
+            .map(|n| &p.seqs[n.seq])
+            .filter(|n| !n.pad && n.len > 0);
         let (x, out) = (s.x.cast::<A>(), s.out.cast::<A>());
         if s.pad {
             unsafe { zero_rows::<S, A>(p, out, pc.t0..pc.t1, c0, cn) };
             continue;
         }
-        let mut sub = pc.t0;
-        while sub < pc.t1 {
-            let n = SUB_TOKENS.min(pc.t1 - sub);
-            let (xs, os) = unsafe { (x.add(sub * p.x_tok), out.add(sub * p.out_tok)) };
+        let line = 64 / size_of::<A>();
+        // Tokens whose window reaches into the history exist only at a sequence start.
+        let fast_from = pc.t0.max(W - 1).min(pc.t1);
+        for t in pc.t0..fast_from {
+            let (xrow, orow) = unsafe { (x.add(t * p.x_tok), out.add(t * p.out_tok)) };
+            let rel = |k: usize| t as isize + k as isize - (W as isize - 1);
             for v in (0..vec_end).step_by(S::LANES) {
                 let c = c0 + v;
                 unsafe {
-                    let mut w = [S::zero(); W];
-                    for (k, wk) in w.iter_mut().enumerate() {
-                        *wk = S::load_f32(weight[k].as_ptr().add(v));
+                    if let (0, Some(next)) = (v % line, next_seq) {
+                        prefetch_start::<A, St, Io>(p, next, c, io);
                     }
-                    let mut win = [S::zero(); W];
-                    for (j, h) in win.iter_mut().enumerate().take(W - 1) {
-                        *h = history::<S, A, St, Io>(p, s, sub, j, W, c, io);
+                    let mut acc = S::load_f32(bias.as_ptr().add(v));
+                    for (k, wk) in weight.iter().enumerate() {
+                        let xin = input::<S, A, St, Io>(p, s, rel(k), c, io);
+                        acc = S::fma(S::load_f32(wk.as_ptr().add(v)), xin, acc);
                     }
-                    let b = S::load_f32(bias.as_ptr().add(v));
-                    for t in 0..n {
-                        let row = xs.add(t * p.x_tok);
-                        win[W - 1] = io.load::<S, A>(row, c);
-                        let mut acc = b;
-                        for k in 0..W {
-                            acc = S::fma(w[k], win[k], acc);
-                        }
-                        if p.silu {
-                            acc = silu::<S>(acc);
-                        }
-                        io.store::<S, A>(os.add(t * p.out_tok), row, c, acc);
-                        for k in 0..W - 1 {
-                            win[k] = win[k + 1];
-                        }
+                    if p.silu {
+                        acc = silu::<S>(acc);
                     }
+                    io.store::<S, A>(orow, xrow, c, acc);
                 }
             }
             for j in vec_end..cn {
                 let c = c0 + j;
                 let taps: [f32; W] = std::array::from_fn(|k| weight[k][j]);
-                let mut win = [0f32; W];
-                for (jj, h) in win.iter_mut().enumerate().take(W - 1) {
-                    *h = unsafe { history1::<A, St, Io>(p, s, sub, jj, W, c, io) };
-                }
-                for t in 0..n {
-                    unsafe {
-                        let row = xs.add(t * p.x_tok);
-                        win[W - 1] = io.load1::<A>(row, c);
-                        io.store1::<A>(
-                            os.add(t * p.out_tok),
-                            row,
-                            c,
-                            scalar_output(&taps, &win, bias[j], p.silu),
+                let win: [f32; W] =
+                    std::array::from_fn(|k| unsafe { input1::<A, St, Io>(p, s, rel(k), c, io) });
+                unsafe {
+                    io.store1::<A>(orow, xrow, c, scalar_output(&taps, &win, bias[j], p.silu))
+                };
+            }
+        }
+        for t in fast_from..pc.t1 {
+            // Rows t-W+1 ..= t: all this sequence's own tokens; the older ones are still in L1.
+            let rows: [*const A; W] =
+                std::array::from_fn(|k| unsafe { x.add((t + k + 1 - W) * p.x_tok) });
+            let orow = unsafe { out.add(t * p.out_tok) };
+            let ahead = t + PREFETCH_ROWS;
+            let (pf_x, pf_out) = unsafe { (x.add(ahead * p.x_tok), out.add(ahead * p.out_tok)) };
+            for v in (0..vec_end).step_by(S::LANES) {
+                let c = c0 + v;
+                unsafe {
+                    if v % line == 0 && ahead < pc.t1 {
+                        io.prefetch::<A>(pf_x, c);
+                        prefetch(pf_out.add(c));
+                    }
+                    let mut acc = S::load_f32(bias.as_ptr().add(v));
+                    for k in 0..W {
+                        acc = S::fma(
+                            S::load_f32(weight[k].as_ptr().add(v)),
+                            io.load::<S, A>(rows[k], c),
+                            acc,
                         );
                     }
-                    win.copy_within(1.., 0);
+                    if p.silu {
+                        acc = silu::<S>(acc);
+                    }
+                    io.store::<S, A>(orow, rows[W - 1], c, acc);
                 }
             }
-            sub += n;
+            for j in vec_end..cn {
+                let c = c0 + j;
+                let taps: [f32; W] = std::array::from_fn(|k| weight[k][j]);
+                let win: [f32; W] = std::array::from_fn(|k| unsafe { io.load1::<A>(rows[k], c) });
+                unsafe {
+                    io.store1::<A>(
+                        orow,
+                        rows[W - 1],
+                        c,
+                        scalar_output(&taps, &win, bias[j], p.silu),
+                    )
+                };
+            }
         }
         if let (0, Some(state)) = (pc.t0, s.state) {
             unsafe { write_state::<S, A, St, Io>(p, s, state.cast::<St>(), c0, cn, io) };
+        }
+    }
+}
+
+/// Prefetches, at channel `c`, the rows a sequence's first pass reads and writes first: its
+/// first input and output rows and its history rows in the state.
+#[inline(always)]
+unsafe fn prefetch_start<A: SimdElement, St: SimdElement, Io: RowIo>(
+    p: &Problem,
+    s: &Seq,
+    c: usize,
+    io: &Io,
+) {
+    unsafe { io.prefetch::<A>(s.x.cast::<A>(), c) };
+    prefetch(s.out.cast::<A>().wrapping_add(c));
+    if let (Some(st), true) = (s.state, s.read_state) {
+        let first = first_history_row(s);
+        for j in 0..p.width - 1 {
+            prefetch(
+                st.cast::<St>()
+                    .wrapping_add((first + j) * p.state_row + c * p.state_ch),
+            );
         }
     }
 }
@@ -295,25 +357,23 @@ fn first_history_row(s: &Seq) -> usize {
     }
 }
 
-/// History entry `j` (input at relative time `sub - (W-1) + j`) for channels `c..c+LANES`.
+/// Input at relative time `rel` of the sequence for channels `c..c+LANES`: x for `rel >= 0`, else
+/// the history (state rows, or zeros).
 #[inline(always)]
-unsafe fn history<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
+unsafe fn input<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
     p: &Problem,
     s: &Seq,
-    sub: usize,
-    j: usize,
-    w: usize,
+    rel: isize,
     c: usize,
     io: &Io,
 ) -> S::V {
     unsafe {
-        if sub > 0 {
-            // sub >= SUB_TOKENS > W-1: the preceding rows are this sequence's own tokens.
-            return io.load::<S, A>(s.x.cast::<A>().add((sub + j - (w - 1)) * p.x_tok), c);
+        if rel >= 0 {
+            return io.load::<S, A>(s.x.cast::<A>().add(rel as usize * p.x_tok), c);
         }
         match (s.state, s.read_state) {
             (Some(st), true) => {
-                let row = first_history_row(s) + j;
+                let row = (first_history_row(s) + p.width - 1).wrapping_add_signed(rel);
                 load_lanes::<S, St>(
                     st.cast::<St>().add(row * p.state_row + c * p.state_ch),
                     p.state_ch,
@@ -324,24 +384,22 @@ unsafe fn history<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
     }
 }
 
-/// Scalar [`history`] for one channel.
+/// Scalar [`input`] for one channel.
 #[inline(always)]
-unsafe fn history1<A: SimdElement, St: SimdElement, Io: RowIo>(
+unsafe fn input1<A: SimdElement, St: SimdElement, Io: RowIo>(
     p: &Problem,
     s: &Seq,
-    sub: usize,
-    j: usize,
-    w: usize,
+    rel: isize,
     c: usize,
     io: &Io,
 ) -> f32 {
     unsafe {
-        if sub > 0 {
-            return io.load1::<A>(s.x.cast::<A>().add((sub + j - (w - 1)) * p.x_tok), c);
+        if rel >= 0 {
+            return io.load1::<A>(s.x.cast::<A>().add(rel as usize * p.x_tok), c);
         }
         match (s.state, s.read_state) {
             (Some(st), true) => {
-                let row = first_history_row(s) + j;
+                let row = (first_history_row(s) + p.width - 1).wrapping_add_signed(rel);
                 st.cast::<St>()
                     .add(row * p.state_row + c * p.state_ch)
                     .read()

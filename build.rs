@@ -48,8 +48,8 @@ fn main() {
         );
     }
 
-    let mut config = cbindgen::Config::from_file(root.join("cbindgen.toml"))
-        .expect("cbindgen.toml must parse");
+    let mut config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml must parse");
     config.after_includes = Some(version_macros());
     let bindings = cbindgen::Builder::new()
         .with_config(config)

@@ -173,7 +173,15 @@ mod tests {
 
     #[test]
     fn dlpack_codes_roundtrip() {
-        for d in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64, DType::Bool, DType::U8] {
+        for d in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::I64,
+            DType::Bool,
+            DType::U8,
+        ] {
             let (c, b) = d.to_dlpack();
             assert_eq!(DType::from_dlpack(c, b, 1), Some(d));
             assert_eq!(b as usize, d.size() * 8);

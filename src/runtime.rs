@@ -45,14 +45,19 @@ impl Isa {
     pub fn active() -> Isa {
         static ACTIVE: OnceLock<Isa> = OnceLock::new();
         *ACTIVE.get_or_init(|| {
-            let cap = std::env::var("SSMK_MAX_ISA").ok().and_then(|s| Isa::parse(&s));
+            let cap = std::env::var("SSMK_MAX_ISA")
+                .ok()
+                .and_then(|s| Isa::parse(&s));
             cap.map_or(Isa::detected(), |c| c.min(Isa::detected()))
         })
     }
 
     /// Every level this CPU can run, lowest first (for tests and benchmarks).
     pub fn supported() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= Isa::detected()).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| i <= Isa::detected())
+            .collect()
     }
 }
 
@@ -99,8 +104,15 @@ pub struct Context {
 impl Context {
     /// `num_threads == 0` → [`default_threads`].
     pub fn new(num_threads: u32) -> Context {
-        let threads = if num_threads == 0 { default_threads() } else { num_threads as usize };
-        Context { threads, pool: OnceLock::new() }
+        let threads = if num_threads == 0 {
+            default_threads()
+        } else {
+            num_threads as usize
+        };
+        Context {
+            threads,
+            pool: OnceLock::new(),
+        }
     }
 
     /// The process-wide context used when a call passes NULL.
@@ -171,7 +183,10 @@ mod tests {
             order.lock().unwrap().push(i);
         });
         assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
-        assert!(ctx.pool.get().is_none(), "a 1-thread context must not build a pool");
+        assert!(
+            ctx.pool.get().is_none(),
+            "a 1-thread context must not build a pool"
+        );
     }
 
     #[test]
@@ -179,7 +194,12 @@ mod tests {
         let ctx = Context::new(3);
         let hits = AtomicUsize::new(0);
         ctx.for_each(100, |_| {
-            assert!(std::thread::current().name().unwrap_or("").starts_with("ssmk-"));
+            assert!(
+                std::thread::current()
+                    .name()
+                    .unwrap_or("")
+                    .starts_with("ssmk-")
+            );
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 100);

@@ -133,11 +133,24 @@ impl View {
         for d in 0..ndim {
             // SAFETY: the caller promises `ndim` readable entries.
             let s = unsafe { *t.shape.add(d) };
-            ensure!(s >= 0, InvalidArgument, "{name}.shape[{d}] = {s}, expected >= 0");
-            shape[d] = usize::try_from(s)
-                .map_err(|_| Error::new(Status::Overflow, format!("{name}.shape[{d}] = {s} does not fit size_t")))?;
+            ensure!(
+                s >= 0,
+                InvalidArgument,
+                "{name}.shape[{d}] = {s}, expected >= 0"
+            );
+            shape[d] = usize::try_from(s).map_err(|_| {
+                Error::new(
+                    Status::Overflow,
+                    format!("{name}.shape[{d}] = {s} does not fit size_t"),
+                )
+            })?;
         }
-        let overflow = || Error::new(Status::Overflow, format!("{name}: size of shape {:?} overflows", &shape[..ndim]));
+        let overflow = || {
+            Error::new(
+                Status::Overflow,
+                format!("{name}: size of shape {:?} overflows", &shape[..ndim]),
+            )
+        };
         if t.strides.is_null() {
             let mut acc = 1usize;
             for d in (0..ndim).rev() {
@@ -148,7 +161,11 @@ impl View {
             for d in 0..ndim {
                 // SAFETY: as above.
                 let s = unsafe { *t.strides.add(d) };
-                ensure!(s >= 0, InvalidArgument, "{name}.strides[{d}] = {s}, expected >= 0");
+                ensure!(
+                    s >= 0,
+                    InvalidArgument,
+                    "{name}.strides[{d}] = {s}, expected >= 0"
+                );
                 strides[d] = usize::try_from(s).map_err(|_| overflow())?;
             }
         }
@@ -160,7 +177,17 @@ impl View {
         let offset = usize::try_from(t.byte_offset).map_err(|_| overflow())?;
         if numel == 0 {
             // Nothing is ever read or written; keep an aligned dangling pointer.
-            return Ok(View { name, ptr: size as *mut u8, dtype, ndim, shape, strides, numel, lo: 0, hi: 0 });
+            return Ok(View {
+                name,
+                ptr: size as *mut u8,
+                dtype,
+                ndim,
+                shape,
+                strides,
+                numel,
+                lo: 0,
+                hi: 0,
+            });
         }
         ensure!(
             !t.data.is_null(),
@@ -169,7 +196,9 @@ impl View {
         );
         let mut last = 0usize;
         for d in 0..ndim {
-            let term = (shape[d] - 1).checked_mul(strides[d]).ok_or_else(overflow)?;
+            let term = (shape[d] - 1)
+                .checked_mul(strides[d])
+                .ok_or_else(overflow)?;
             last = last.checked_add(term).ok_or_else(overflow)?;
         }
         let bytes = last
@@ -188,7 +217,17 @@ impl View {
             InvalidArgument,
             "{name}: data + byte_offset = {lo:#x} is not aligned to its {size}-byte elements"
         );
-        Ok(View { name, ptr: lo as *mut u8, dtype, ndim, shape, strides, numel, lo, hi })
+        Ok(View {
+            name,
+            ptr: lo as *mut u8,
+            dtype,
+            ndim,
+            shape,
+            strides,
+            numel,
+            lo,
+            hi,
+        })
     }
 
     pub fn dims(&self) -> &[usize] {
@@ -355,16 +394,28 @@ pub(crate) mod testing {
         pub tensor: ssmk_tensor,
     }
 
-    pub fn describe(data: *mut c_void, dtype: DType, shape: &[i64], strides: Option<&[i64]>) -> Box<Owned> {
+    pub fn describe(
+        data: *mut c_void,
+        dtype: DType,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+    ) -> Box<Owned> {
         let (code, bits) = dtype.to_dlpack();
         let mut o = Box::new(Owned {
             shape: shape.to_vec(),
             strides: strides.map(|s| s.to_vec()),
             tensor: ssmk_tensor {
                 data,
-                device: ssmk_device { device_type: 1, device_id: 0 },
+                device: ssmk_device {
+                    device_type: 1,
+                    device_id: 0,
+                },
                 ndim: shape.len() as i32,
-                dtype: ssmk_dtype { code, bits, lanes: 1 },
+                dtype: ssmk_dtype {
+                    code,
+                    bits,
+                    lanes: 1,
+                },
                 shape: std::ptr::null(),
                 strides: std::ptr::null(),
                 byte_offset: 0,
@@ -408,20 +459,59 @@ mod tests {
             parse(&d.tensor).map(|_| ()).map_err(|e| e.status)
         };
         assert_eq!(status(&[2, 4], None, &|_| {}), Ok(()));
-        assert_eq!(status(&[-1, 4], None, &|_| {}), Err(Status::InvalidArgument));
-        assert_eq!(status(&[2, 4], Some(&[4, -1]), &|_| {}), Err(Status::InvalidArgument));
-        assert_eq!(status(&[2, 4], None, &|t| t.device.device_type = 2), Err(Status::UnsupportedDevice));
-        assert_eq!(status(&[2, 4], None, &|t| t.dtype.lanes = 4), Err(Status::UnsupportedDtype));
-        assert_eq!(status(&[2, 4], None, &|t| t.dtype.code = 9), Err(Status::UnsupportedDtype));
-        assert_eq!(status(&[2, 4], None, &|t| t.ndim = 7), Err(Status::InvalidArgument));
-        assert_eq!(status(&[2, 4], None, &|t| t.ndim = -1), Err(Status::InvalidArgument));
-        assert_eq!(status(&[2, 4], None, &|t| t.data = std::ptr::null_mut()), Err(Status::NullPointer));
-        assert_eq!(status(&[0, 4], None, &|t| t.data = std::ptr::null_mut()), Ok(()));
-        assert_eq!(status(&[2, 4], None, &|t| t.shape = std::ptr::null()), Err(Status::NullPointer));
-        assert_eq!(status(&[2, 4], None, &|t| t.byte_offset = 1), Err(Status::InvalidArgument));
+        assert_eq!(
+            status(&[-1, 4], None, &|_| {}),
+            Err(Status::InvalidArgument)
+        );
+        assert_eq!(
+            status(&[2, 4], Some(&[4, -1]), &|_| {}),
+            Err(Status::InvalidArgument)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.device.device_type = 2),
+            Err(Status::UnsupportedDevice)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.dtype.lanes = 4),
+            Err(Status::UnsupportedDtype)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.dtype.code = 9),
+            Err(Status::UnsupportedDtype)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.ndim = 7),
+            Err(Status::InvalidArgument)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.ndim = -1),
+            Err(Status::InvalidArgument)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.data = std::ptr::null_mut()),
+            Err(Status::NullPointer)
+        );
+        assert_eq!(
+            status(&[0, 4], None, &|t| t.data = std::ptr::null_mut()),
+            Ok(())
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.shape = std::ptr::null()),
+            Err(Status::NullPointer)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.byte_offset = 1),
+            Err(Status::InvalidArgument)
+        );
         assert_eq!(status(&[i64::MAX, 4], None, &|_| {}), Err(Status::Overflow));
-        assert_eq!(status(&[2, 4], Some(&[i64::MAX / 2, 1]), &|_| {}), Err(Status::Overflow));
-        assert_eq!(status(&[2, 4], None, &|t| t.byte_offset = u64::MAX - 4), Err(Status::Overflow));
+        assert_eq!(
+            status(&[2, 4], Some(&[i64::MAX / 2, 1]), &|_| {}),
+            Err(Status::Overflow)
+        );
+        assert_eq!(
+            status(&[2, 4], None, &|t| t.byte_offset = u64::MAX - 4),
+            Err(Status::Overflow)
+        );
     }
 
     #[test]
@@ -441,13 +531,24 @@ mod tests {
         let mut buf = vec![0f32; 16];
         let p: *mut c_void = buf.as_mut_ptr().cast();
         let d = describe(p, DType::F32, &[4, 4], Some(&[0, 1]));
-        assert_eq!(parse(&d.tensor).unwrap().expect_no_self_overlap().unwrap_err().status, Status::Aliasing);
+        assert_eq!(
+            parse(&d.tensor)
+                .unwrap()
+                .expect_no_self_overlap()
+                .unwrap_err()
+                .status,
+            Status::Aliasing
+        );
         let d = describe(p, DType::F32, &[2, 3], Some(&[2, 1]));
         assert!(parse(&d.tensor).unwrap().expect_no_self_overlap().is_err());
         let a = describe(p, DType::F32, &[2, 4], None);
         let b = describe(p.wrapping_byte_add(28), DType::F32, &[2], None);
         let c = describe(p.wrapping_byte_add(32), DType::F32, &[2], None);
-        let (a, b, c) = (parse(&a.tensor).unwrap(), parse(&b.tensor).unwrap(), parse(&c.tensor).unwrap());
+        let (a, b, c) = (
+            parse(&a.tensor).unwrap(),
+            parse(&b.tensor).unwrap(),
+            parse(&c.tensor).unwrap(),
+        );
         assert!(a.overlaps(&b) && !a.overlaps(&c));
         assert_eq!(c.expect_disjoint(&a).map_err(|e| e.status), Ok(()));
         assert_eq!(b.expect_disjoint(&a).unwrap_err().status, Status::Aliasing);

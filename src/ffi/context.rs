@@ -22,7 +22,9 @@ pub struct ssmk_context {
 #[unsafe(no_mangle)]
 pub extern "C" fn ssmk_context_create(num_threads: u32) -> *mut ssmk_context {
     guard_value(std::ptr::null_mut(), || {
-        Box::into_raw(Box::new(ssmk_context { inner: Context::new(num_threads) }))
+        Box::into_raw(Box::new(ssmk_context {
+            inner: Context::new(num_threads),
+        }))
     })
 }
 
@@ -50,7 +52,9 @@ pub unsafe extern "C" fn ssmk_context_destroy(ctx: *mut ssmk_context) {
 /// `ctx` must be NULL or a live context.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ssmk_context_num_threads(ctx: *const ssmk_context) -> u32 {
-    guard_value(1, || unsafe { resolve(ctx) }.threads().min(u32::MAX as usize) as u32)
+    guard_value(1, || {
+        unsafe { resolve(ctx) }.threads().min(u32::MAX as usize) as u32
+    })
 }
 
 /// The context a call runs on: the caller's, or the process default for NULL.
@@ -58,5 +62,9 @@ pub unsafe extern "C" fn ssmk_context_num_threads(ctx: *const ssmk_context) -> u
 /// # Safety
 /// `ctx` must be NULL or a live context.
 pub(crate) unsafe fn resolve<'a>(ctx: *const ssmk_context) -> &'a Context {
-    if ctx.is_null() { Context::process_default() } else { unsafe { &(*ctx).inner } }
+    if ctx.is_null() {
+        Context::process_default()
+    } else {
+        unsafe { &(*ctx).inner }
+    }
 }

@@ -47,7 +47,10 @@ pub(crate) fn guard(body: impl FnOnce() -> Result<()>) -> i32 {
             e.status as i32
         }
         Err(payload) => {
-            set_last_error(&format!("internal panic caught at the C boundary: {}", panic_text(&*payload)));
+            set_last_error(&format!(
+                "internal panic caught at the C boundary: {}",
+                panic_text(&*payload)
+            ));
             Status::Panic as i32
         }
     }
@@ -65,7 +68,11 @@ macro_rules! slice_arg {
         if len == 0 {
             &[][..]
         } else if ptr.is_null() {
-            $crate::bail!(NullPointer, concat!($name, " is NULL with {} entries, expected an array"), len);
+            $crate::bail!(
+                NullPointer,
+                concat!($name, " is NULL with {} entries, expected an array"),
+                len
+            );
         } else {
             $crate::ensure!(
                 (ptr as usize) % std::mem::align_of_val(unsafe { &*ptr }) == 0,
@@ -92,14 +99,20 @@ mod tests {
     use std::ffi::CStr;
 
     fn last() -> String {
-        unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_owned()
+        unsafe { CStr::from_ptr(last_error_ptr()) }
+            .to_str()
+            .unwrap()
+            .to_owned()
     }
 
     #[test]
     fn statuses_and_messages() {
         assert_eq!(guard(|| Ok(())), 0);
         assert_eq!(last(), "");
-        assert_eq!(guard(|| crate::bail!(OutOfBounds, "block_ids[3] = 9, expected < 4")), -4);
+        assert_eq!(
+            guard(|| crate::bail!(OutOfBounds, "block_ids[3] = 9, expected < 4")),
+            -4
+        );
         assert_eq!(last(), "block_ids[3] = 9, expected < 4");
         assert_eq!(guard(|| Ok(())), 0);
         assert_eq!(last(), "");

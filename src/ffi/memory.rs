@@ -52,15 +52,28 @@ pub unsafe extern "C" fn ssmk_batch_memcpy(
             if len == 0 {
                 continue;
             }
-            ensure!(d != 0, NullPointer, "dst[{i}] is NULL with sizes[{i}] = {len}, expected a pointer");
-            ensure!(s != 0, NullPointer, "src[{i}] is NULL with sizes[{i}] = {len}, expected a pointer");
+            ensure!(
+                d != 0,
+                NullPointer,
+                "dst[{i}] is NULL with sizes[{i}] = {len}, expected a pointer"
+            );
+            ensure!(
+                s != 0,
+                NullPointer,
+                "src[{i}] is NULL with sizes[{i}] = {len}, expected a pointer"
+            );
             let limit = isize::MAX as usize;
             ensure!(
-                d.checked_add(len).is_some_and(|e| e <= limit) && s.checked_add(len).is_some_and(|e| e <= limit),
+                d.checked_add(len).is_some_and(|e| e <= limit)
+                    && s.checked_add(len).is_some_and(|e| e <= limit),
                 Overflow,
                 "entry {i}: dst = {d:#x} / src = {s:#x} + sizes[{i}] = {len} wraps the address space"
             );
-            copies.push(Copy { dst: d, src: s, len });
+            copies.push(Copy {
+                dst: d,
+                src: s,
+                len,
+            });
         }
         // SAFETY: every range is non-empty, non-NULL, non-wrapping, and the caller vouches for it.
         unsafe { memory::batch_copy(ctx, &copies) };
@@ -70,7 +83,12 @@ pub unsafe extern "C" fn ssmk_batch_memcpy(
 
 /// The region of `cache[id]` for each id, after checking the ids.
 fn block_regions(cache: &View, ids: &[i64]) -> Result<Vec<Region>> {
-    ensure!(cache.ndim >= 1, InvalidArgument, "{}.ndim = 0, expected >= 1 (dim 0 = blocks)", cache.name);
+    ensure!(
+        cache.ndim >= 1,
+        InvalidArgument,
+        "{}.ndim = 0, expected >= 1 (dim 0 = blocks)",
+        cache.name
+    );
     cache.expect_no_self_overlap()?;
     let blocks = cache.shape[0];
     for (i, &id) in ids.iter().enumerate() {
@@ -85,8 +103,10 @@ fn block_regions(cache: &View, ids: &[i64]) -> Result<Vec<Region>> {
     let size = cache.dtype.size();
     // Zeroing order is free, so walk a block's dimensions largest stride first and fold the
     // contiguous innermost ones into one run.
-    let mut dims: Vec<(usize, usize)> =
-        (1..cache.ndim).map(|d| (cache.shape[d], cache.strides[d] * size)).filter(|&(n, _)| n != 1).collect();
+    let mut dims: Vec<(usize, usize)> = (1..cache.ndim)
+        .map(|d| (cache.shape[d], cache.strides[d] * size))
+        .filter(|&(n, _)| n != 1)
+        .collect();
     if dims.iter().any(|&(n, _)| n == 0) || cache.is_empty() {
         return Ok(Vec::new());
     }
@@ -102,7 +122,11 @@ fn block_regions(cache: &View, ids: &[i64]) -> Result<Vec<Region>> {
     let block_stride = cache.strides[0] * size;
     Ok(ids
         .iter()
-        .map(|&id| Region { base: cache.lo + id as usize * block_stride, run_bytes, outer: dims.clone() })
+        .map(|&id| Region {
+            base: cache.lo + id as usize * block_stride,
+            run_bytes,
+            outer: dims.clone(),
+        })
         .collect())
 }
 
@@ -179,7 +203,11 @@ pub unsafe extern "C" fn ssmk_zero_blocks_multi(
         let ids = read_block_ids(block_ids)?;
         let mut regions = Vec::new();
         for (i, &c) in caches.iter().enumerate() {
-            ensure!(!c.is_null(), NullPointer, "caches[{i}] is NULL, expected a tensor descriptor");
+            ensure!(
+                !c.is_null(),
+                NullPointer,
+                "caches[{i}] is NULL, expected a tensor descriptor"
+            );
             let cache = unsafe { View::required("cache", c) }.map_err(|mut e| {
                 e.message = format!("caches[{i}]: {}", e.message);
                 e
@@ -189,8 +217,10 @@ pub unsafe extern "C" fn ssmk_zero_blocks_multi(
                 e
             })?);
         }
-        regions.sort_by(|a, b| (a.base, a.run_bytes, &a.outer).cmp(&(b.base, b.run_bytes, &b.outer)));
-        regions.dedup_by(|a, b| a.base == b.base && a.run_bytes == b.run_bytes && a.outer == b.outer);
+        regions
+            .sort_by(|a, b| (a.base, a.run_bytes, &a.outer).cmp(&(b.base, b.run_bytes, &b.outer)));
+        regions
+            .dedup_by(|a, b| a.base == b.base && a.run_bytes == b.run_bytes && a.outer == b.outer);
         // SAFETY: every region lies inside a validated cache.
         unsafe { memory::zero_regions(ctx, &regions) };
         Ok(())

@@ -5,6 +5,7 @@
 pub(crate) mod guard;
 
 pub mod context;
+pub mod gdn;
 pub mod memory;
 pub mod sequences;
 pub mod status;

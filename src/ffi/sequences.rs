@@ -33,9 +33,15 @@ impl Batch {
 /// Sequence boundaries `[B+1]` over `total` tokens: `0 <= q[0] <= .. <= q[B] <= total`.
 /// NULL → one sequence covering all tokens.
 pub fn parse_starts(name: &str, starts: Option<&View>, total: usize) -> Result<Vec<usize>> {
-    let Some(v) = starts else { return Ok(vec![0, total]) };
+    let Some(v) = starts else {
+        return Ok(vec![0, total]);
+    };
     v.expect_ndim(1)?;
-    ensure!(v.shape[0] >= 1, InvalidArgument, "{name}.shape[0] = 0, expected B + 1 >= 1 entries");
+    ensure!(
+        v.shape[0] >= 1,
+        InvalidArgument,
+        "{name}.shape[0] = 0, expected B + 1 >= 1 entries"
+    );
     let raw = v.read_indices(v.shape[0], "B + 1")?;
     let mut out = Vec::with_capacity(raw.len());
     for (i, &q) in raw.iter().enumerate() {
@@ -77,7 +83,11 @@ pub fn parse_slots(
             slots.push(None);
             continue;
         }
-        let what = if indices.is_some() { format!("{name}[{b}]") } else { format!("implicit slot of sequence {b} ({name} is NULL)") };
+        let what = if indices.is_some() {
+            format!("{name}[{b}]")
+        } else {
+            format!("implicit slot of sequence {b} ({name} is NULL)")
+        };
         if let Some(n) = num_slots {
             ensure!(
                 s >= 0 && (s as u64) < n as u64,
@@ -85,7 +95,11 @@ pub fn parse_slots(
                 "{what} = {s}, expected 0 <= slot < {n} (state slots) or pad_slot_id = {pad_slot_id}"
             );
         } else {
-            ensure!(s >= 0, OutOfBounds, "{what} = {s}, expected a slot >= 0 or pad_slot_id = {pad_slot_id}");
+            ensure!(
+                s >= 0,
+                OutOfBounds,
+                "{what} = {s}, expected a slot >= 0 or pad_slot_id = {pad_slot_id}"
+            );
         }
         slots.push(Some(s as usize));
     }
@@ -97,7 +111,11 @@ pub fn parse_slots(
 
 /// Two live sequences sharing a slot would race on its state.
 pub fn check_distinct(name: &str, slots: &[Option<usize>]) -> Result<()> {
-    let mut seen: Vec<(usize, usize)> = slots.iter().enumerate().filter_map(|(b, s)| s.map(|s| (s, b))).collect();
+    let mut seen: Vec<(usize, usize)> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(b, s)| s.map(|s| (s, b)))
+        .collect();
     seen.sort_unstable();
     for w in seen.windows(2) {
         if w[0].0 == w[1].0 {
@@ -135,5 +153,9 @@ pub fn parse_batch(
     let batch = starts.len() - 1;
     let slots = parse_slots(names[1], indices, batch, pad_slot_id, num_slots)?;
     let initial = parse_initial(has_initial_state, batch)?;
-    Ok(Batch { starts, slots, initial })
+    Ok(Batch {
+        starts,
+        slots,
+        initial,
+    })
 }

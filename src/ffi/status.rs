@@ -107,7 +107,9 @@ mod tests {
         let internal: Vec<i32> = Status::ALL.iter().map(|&s| s as i32).collect();
         assert_eq!(exported.to_vec(), internal);
         for s in Status::ALL {
-            let text = unsafe { CStr::from_ptr(ssmk_status_str(s as i32)) }.to_str().unwrap();
+            let text = unsafe { CStr::from_ptr(ssmk_status_str(s as i32)) }
+                .to_str()
+                .unwrap();
             assert!(text.starts_with("SSMK_"), "{text}");
         }
         let unknown = unsafe { CStr::from_ptr(ssmk_status_str(12345)) };

@@ -25,7 +25,12 @@ impl Tensor {
     }
 
     /// Strided tensor over `span_elems` elements of zeroed storage.
-    pub fn with_layout(dtype: DType, shape: &[usize], strides: Option<&[usize]>, span_elems: usize) -> Tensor {
+    pub fn with_layout(
+        dtype: DType,
+        shape: &[usize],
+        strides: Option<&[usize]>,
+        span_elems: usize,
+    ) -> Tensor {
         let bytes = span_elems * dtype.size();
         Tensor {
             dtype,
@@ -54,12 +59,19 @@ impl Tensor {
     }
 
     fn elem_offset(&self, index: &[usize]) -> usize {
-        index.iter().zip(self.elem_strides()).map(|(i, s)| i * s).sum()
+        index
+            .iter()
+            .zip(self.elem_strides())
+            .map(|(i, s)| i * s)
+            .sum()
     }
 
     /// Every byte of the backing storage (for "nothing was written" checks).
     pub fn bytes(&self) -> Vec<u8> {
-        unsafe { std::slice::from_raw_parts(self.storage.as_ptr().cast::<u8>(), self.storage.len() * 8) }.to_vec()
+        unsafe {
+            std::slice::from_raw_parts(self.storage.as_ptr().cast::<u8>(), self.storage.len() * 8)
+        }
+        .to_vec()
     }
 
     pub fn base(&self) -> *mut u8 {
@@ -71,11 +83,21 @@ impl Tensor {
         let (code, bits) = self.dtype.to_dlpack();
         ssmk_tensor {
             data: self.base().cast(),
-            device: ssmk_device { device_type: 1, device_id: 0 },
+            device: ssmk_device {
+                device_type: 1,
+                device_id: 0,
+            },
             ndim: self.shape.len() as i32,
-            dtype: ssmk_dtype { code, bits, lanes: 1 },
+            dtype: ssmk_dtype {
+                code,
+                bits,
+                lanes: 1,
+            },
             shape: self.shape.as_ptr(),
-            strides: self.strides.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            strides: self
+                .strides
+                .as_ref()
+                .map_or(std::ptr::null(), |s| s.as_ptr()),
             byte_offset: 0,
         }
     }
@@ -101,7 +123,9 @@ impl Tensor {
         unsafe {
             match self.dtype {
                 DType::F32 => p.cast::<f32>().write(v as f32),
-                DType::BF16 => p.cast::<bf16>().write(<bf16 as Element>::from_f32(v as f32)),
+                DType::BF16 => p
+                    .cast::<bf16>()
+                    .write(<bf16 as Element>::from_f32(v as f32)),
                 DType::F16 => p.cast::<f16>().write(<f16 as Element>::from_f32(v as f32)),
                 DType::I32 => p.cast::<i32>().write(v as i32),
                 DType::I64 => p.cast::<i64>().write(v as i64),
@@ -184,7 +208,9 @@ impl Rng {
 
 /// The message of the last failed call on this thread.
 pub fn last_error() -> String {
-    unsafe { CStr::from_ptr(ssmk::ffi::status::ssmk_last_error_message()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ssmk::ffi::status::ssmk_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Asserts a call failed with `status` and a message containing every fragment.

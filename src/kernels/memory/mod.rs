@@ -63,11 +63,18 @@ pub fn entries_interfere(copies: &[Copy]) -> bool {
     }
     // Destinations are now disjoint and sorted, so their ends are sorted too: the destinations a
     // source range meets form one run starting at the first end past the source's start.
-    copies.iter().enumerate().filter(|(_, c)| c.len > 0).any(|(i, c)| {
-        let (lo, hi) = (c.src, c.src + c.len);
-        let first = dsts.partition_point(|d| d.1 <= lo);
-        dsts[first..].iter().take_while(|d| d.0 < hi).any(|d| d.2 != i)
-    })
+    copies
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.len > 0)
+        .any(|(i, c)| {
+            let (lo, hi) = (c.src, c.src + c.len);
+            let first = dsts.partition_point(|d| d.1 <= lo);
+            dsts[first..]
+                .iter()
+                .take_while(|d| d.0 < hi)
+                .any(|d| d.2 != i)
+        })
 }
 
 /// A contiguous slice of work: copy `len` bytes (or zero them when `src` is `None`).
@@ -136,7 +143,11 @@ pub unsafe fn batch_copy(ctx: &Context, copies: &[Copy]) {
         let mut off = 0;
         while off < c.len {
             let len = step.min(c.len - off);
-            pieces.push(Piece { dst: c.dst + off, src: Some(c.src + off), len });
+            pieces.push(Piece {
+                dst: c.dst + off,
+                src: Some(c.src + off),
+                len,
+            });
             off += len;
         }
     }
@@ -184,16 +195,28 @@ pub unsafe fn zero_regions(ctx: &Context, regions: &[Region]) {
             let mut off = 0;
             while off < r.run_bytes {
                 let len = PIECE_BYTES.min(r.run_bytes - off);
-                pieces.push(Piece { dst: start + off, src: None, len });
+                pieces.push(Piece {
+                    dst: start + off,
+                    src: None,
+                    len,
+                });
                 off += len;
             }
         }
     }
-    let mut hulls: Vec<(usize, usize)> = regions.iter().filter(|r| r.run_bytes > 0).map(Region::hull).collect();
+    let mut hulls: Vec<(usize, usize)> = regions
+        .iter()
+        .filter(|r| r.run_bytes > 0)
+        .map(Region::hull)
+        .collect();
     hulls.sort_unstable();
     let disjoint = hulls.windows(2).all(|w| w[0].1 <= w[1].0);
     let serial = Context::new(1);
-    run_pieces(if disjoint { ctx } else { &serial }, &pieces, active_zero_fn());
+    run_pieces(
+        if disjoint { ctx } else { &serial },
+        &pieces,
+        active_zero_fn(),
+    );
 }
 
 #[cfg(test)]
@@ -208,9 +231,18 @@ mod tests {
                 for misalign in [0usize, 1, 17, 33] {
                     let mut buf = vec![0xA5u8; len + misalign + 64];
                     unsafe { f(buf.as_mut_ptr().add(misalign), len) };
-                    assert!(buf[..misalign].iter().all(|&b| b == 0xA5), "{isa:?} head {len} {misalign}");
-                    assert!(buf[misalign..misalign + len].iter().all(|&b| b == 0), "{isa:?} body {len}");
-                    assert!(buf[misalign + len..].iter().all(|&b| b == 0xA5), "{isa:?} tail {len} {misalign}");
+                    assert!(
+                        buf[..misalign].iter().all(|&b| b == 0xA5),
+                        "{isa:?} head {len} {misalign}"
+                    );
+                    assert!(
+                        buf[misalign..misalign + len].iter().all(|&b| b == 0),
+                        "{isa:?} body {len}"
+                    );
+                    assert!(
+                        buf[misalign + len..].iter().all(|&b| b == 0xA5),
+                        "{isa:?} tail {len} {misalign}"
+                    );
                 }
             }
         }
@@ -220,17 +252,36 @@ mod tests {
     fn interference_detection() {
         let c = |dst, src, len| Copy { dst, src, len };
         assert!(!entries_interfere(&[c(0, 100, 10), c(10, 110, 10)]));
-        assert!(!entries_interfere(&[c(0, 5, 10)]), "an entry may overlap itself");
-        assert!(entries_interfere(&[c(0, 100, 10), c(5, 200, 10)]), "dst/dst");
+        assert!(
+            !entries_interfere(&[c(0, 5, 10)]),
+            "an entry may overlap itself"
+        );
+        assert!(
+            entries_interfere(&[c(0, 100, 10), c(5, 200, 10)]),
+            "dst/dst"
+        );
         assert!(entries_interfere(&[c(0, 100, 10), c(50, 9, 2)]), "dst/src");
-        assert!(entries_interfere(&[c(50, 9, 2), c(0, 100, 10)]), "src/dst, either order");
-        assert!(!entries_interfere(&[c(0, 100, 10), c(50, 10, 0)]), "empty entries are ignored");
-        assert!(!entries_interfere(&[c(0, 100, 10), c(10, 100, 10)]), "sources may be shared");
+        assert!(
+            entries_interfere(&[c(50, 9, 2), c(0, 100, 10)]),
+            "src/dst, either order"
+        );
+        assert!(
+            !entries_interfere(&[c(0, 100, 10), c(50, 10, 0)]),
+            "empty entries are ignored"
+        );
+        assert!(
+            !entries_interfere(&[c(0, 100, 10), c(10, 100, 10)]),
+            "sources may be shared"
+        );
     }
 
     #[test]
     fn region_runs_cover_strided_block() {
-        let r = Region { base: 1000, run_bytes: 8, outer: vec![(2, 100), (3, 16)] };
+        let r = Region {
+            base: 1000,
+            run_bytes: 8,
+            outer: vec![(2, 100), (3, 16)],
+        };
         let runs: Vec<usize> = r.runs().collect();
         assert_eq!(runs, vec![1000, 1016, 1032, 1100, 1116, 1132]);
         assert_eq!(r.hull(), (1000, 1140));

@@ -32,7 +32,9 @@ unsafe fn zero_streaming<const ALIGN: usize>(dst: *mut u8, len: usize, store: im
 pub unsafe fn zero_stream_avx2(dst: *mut u8, len: usize) {
     // SAFETY: each store targets a 32-byte aligned chunk inside the range.
     unsafe {
-        zero_streaming::<32>(dst, len, |p| _mm256_stream_si256(p.cast(), _mm256_setzero_si256()))
+        zero_streaming::<32>(dst, len, |p| {
+            _mm256_stream_si256(p.cast(), _mm256_setzero_si256())
+        })
     }
 }
 
@@ -42,7 +44,9 @@ pub unsafe fn zero_stream_avx2(dst: *mut u8, len: usize) {
 pub unsafe fn zero_stream_avx512(dst: *mut u8, len: usize) {
     // SAFETY: each store targets a 64-byte aligned chunk inside the range.
     unsafe {
-        zero_streaming::<64>(dst, len, |p| _mm512_stream_si512(p.cast(), _mm512_setzero_si512()))
+        zero_streaming::<64>(dst, len, |p| {
+            _mm512_stream_si512(p.cast(), _mm512_setzero_si512())
+        })
     }
 }
 

@@ -155,6 +155,11 @@ impl Gdn {
 
     /// Calls through `f` with every descriptor.
     fn call_raw(&mut self, f: impl FnOnce(&Descs) -> i32) -> i32 {
+        self.call_mut(|_| {}, f)
+    }
+
+    /// Calls through `f` after `m` edits the descriptors.
+    fn call_mut(&mut self, m: impl FnOnce(&mut Descs), f: impl FnOnce(&Descs) -> i32) -> i32 {
         let opt = |t: &Option<Tensor>| t.as_ref().map(|t| t.desc());
         let d = Descs {
             q: self.q.desc(),
@@ -172,30 +177,13 @@ impl Gdn {
             flags: self.flags,
             eps: self.eps,
         };
+        let mut d = d;
+        m(&mut d);
         f(&d)
     }
 
     fn call(&mut self, ctx: *const ssmk_context) -> i32 {
-        self.call_raw(|d| unsafe {
-            ssmk_gated_delta_rule(
-                ctx,
-                &d.q,
-                &d.k,
-                &d.v,
-                &d.g,
-                &d.beta,
-                d.scale,
-                ptr_mut(&d.state),
-                ptr(&d.cu),
-                ptr(&d.idx),
-                ptr(&d.init),
-                ptr(&d.accepted),
-                d.flags,
-                d.eps,
-                PAD,
-                (&d.out as *const ssmk_tensor).cast_mut(),
-            )
-        })
+        self.call_raw(|d| unsafe { export(ctx, d) })
     }
 
     fn call_with(&mut self, isa: Isa, path: Path, ctx: *const ssmk_context) -> i32 {
@@ -252,6 +240,30 @@ impl Gdn {
             scale: self.scale,
             out: c(&self.out),
         }
+    }
+}
+
+/// The export, with every descriptor of `d`.
+unsafe fn export(ctx: *const ssmk_context, d: &Descs) -> i32 {
+    unsafe {
+        ssmk_gated_delta_rule(
+            ctx,
+            &d.q,
+            &d.k,
+            &d.v,
+            &d.g,
+            &d.beta,
+            d.scale,
+            ptr_mut(&d.state),
+            ptr(&d.cu),
+            ptr(&d.idx),
+            ptr(&d.init),
+            ptr(&d.accepted),
+            d.flags,
+            d.eps,
+            PAD,
+            (&d.out as *const ssmk_tensor).cast_mut(),
+        )
     }
 }
 
@@ -632,4 +644,922 @@ fn activation_dtypes_scale_and_strides() {
     p.v = v;
     p.out = out;
     run_and_verify(&p, "strided");
+}
+
+/// A prefill split over two calls (the second continuing from the state) matches one call.
+#[test]
+fn two_calls_equal_one_call() {
+    for (i, &(t, split)) in [(128, 64), (145, 64), (145, 73), (273, 128), (192, 65)]
+        .iter()
+        .enumerate()
+    {
+        for state in STATES {
+            let mut one = Gdn::new(
+                300 + i as u64,
+                t,
+                2,
+                4,
+                64,
+                64,
+                DType::BF16,
+                Some((state, 2)),
+                true,
+            );
+            one.idx = Some(Tensor::ints(DType::I32, &[1]));
+            one.init = Some(Tensor::ints(DType::U8, &[1]));
+            let mut two = one.clone_all();
+            assert_eq!(
+                one.call(std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            two.cu = Some(Tensor::ints(DType::I32, &[0, split as i64]));
+            assert_eq!(
+                two.call(std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            two.cu = Some(Tensor::ints(DType::I32, &[split as i64, t as i64]));
+            assert_eq!(
+                two.call(std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            let what = format!("T {t} split {split} state {state:?}");
+            let (o1, o2) = (one.out.to_vec(), two.out.to_vec());
+            let ot = Tol {
+                atol: 2.0 * tol(DType::BF16).atol,
+                rtol: 2.0 * tol(DType::BF16).rtol,
+            };
+            for (j, (a, b)) in o1.iter().zip(&o2).enumerate() {
+                assert!(close(*b, *a, ot), "{what}: out[{j}] {b} vs one call {a}");
+            }
+            let (s1, s2) = (
+                one.state.as_ref().unwrap().to_vec(),
+                two.state.as_ref().unwrap().to_vec(),
+            );
+            let st = Tol {
+                atol: 2.0 * tol(state).atol,
+                rtol: 2.0 * tol(state).rtol,
+            };
+            for (j, (a, b)) in s1.iter().zip(&s2).enumerate() {
+                assert!(close(*b, *a, st), "{what}: state[{j}] {b} vs one call {a}");
+            }
+        }
+    }
+}
+
+/// Decodes and prefills (and a padded and a zero-length sequence) in one call give bit-identical
+/// results to one call per sequence.
+#[test]
+fn mixed_batch_equals_separate_calls() {
+    let lens = [1usize, 100, 1, 0, 1, 70, 3, 1];
+    let slots = [3i64, 0, 7, PAD, 2, 5, 1, 9];
+    let init = [1i64, 0, 1, 1, 1, 1, 0, 1];
+    let mut all = Gdn::new(
+        400,
+        lens.iter().sum(),
+        2,
+        4,
+        64,
+        32,
+        DType::BF16,
+        Some((DType::F32, 10)),
+        true,
+    )
+    .with_seqs(&lens);
+    all.idx = Some(Tensor::ints(DType::I32, &slots));
+    all.init = Some(Tensor::ints(DType::Bool, &init));
+    let mut sep = all.clone_all();
+    let before = all.clone_all();
+    assert_eq!(
+        all.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    let mut start = 0i64;
+    for b in 0..lens.len() {
+        sep.cu = Some(Tensor::ints(DType::I32, &[start, start + lens[b] as i64]));
+        sep.idx = Some(Tensor::ints(DType::I32, &[slots[b]]));
+        sep.init = Some(Tensor::ints(DType::Bool, &[init[b]]));
+        assert_eq!(
+            sep.call(std::ptr::null()),
+            SSMK_OK,
+            "{}",
+            common::last_error()
+        );
+        start += lens[b] as i64;
+    }
+    assert!(all.out.bytes() == sep.out.bytes(), "outputs differ");
+    assert!(
+        all.state.as_ref().unwrap().bytes() == sep.state.as_ref().unwrap().bytes(),
+        "states differ"
+    );
+    verify(
+        &before,
+        &all,
+        &reference(&before, &plain_seqs(&before)),
+        "mixed batch",
+    );
+}
+
+/// Speculative decode: per-token state writes to `idx[b][t]`, reads from `idx[b][max(n-1,0)]`,
+/// including n = 0 and n = 1, a padded row, a zero-length sequence and `has_initial_state` false.
+#[test]
+fn speculative_matches_reference() {
+    let smax = 4usize;
+    let lens = [3usize, 1, 4, 0, 2, 4];
+    let accepted = [2i64, 0, 1, 3, 4, 1];
+    let init = [1i64, 1, 1, 1, 0, 1];
+    let pool = 30usize;
+    let mut rng = Rng::new(77);
+    let mut perm: Vec<i64> = (0..pool as i64).collect();
+    for i in (1..pool).rev() {
+        perm.swap(i, rng.below(i + 1));
+    }
+    let mut table = vec![PAD; lens.len() * smax];
+    let mut next = 0;
+    for b in 0..lens.len() {
+        for c in 0..smax {
+            table[b * smax + c] = perm[next];
+            next += 1;
+        }
+    }
+    table[4 * smax] = PAD; // sequence 4 is padded
+    for (state, dims) in [
+        (DType::F32, (32, 32)),
+        (DType::BF16, (64, 32)),
+        (DType::F16, (32, 48)),
+    ] {
+        let mut p = Gdn::new(
+            500,
+            lens.iter().sum(),
+            2,
+            4,
+            dims.0,
+            dims.1,
+            DType::BF16,
+            Some((state, pool)),
+            true,
+        )
+        .with_seqs(&lens);
+        let mut idx = Tensor::zeros(DType::I32, &[lens.len(), smax]);
+        for b in 0..lens.len() {
+            for c in 0..smax {
+                idx.set(&[b, c], table[b * smax + c] as f64);
+            }
+        }
+        p.idx = Some(idx);
+        p.accepted = Some(Tensor::ints(DType::I64, &accepted));
+        p.init = Some(Tensor::ints(DType::I32, &init));
+        p.eps = 1e-5;
+        let mut start = 0;
+        let seqs: Vec<RefSeq> = (0..lens.len())
+            .map(|b| {
+                let row = &table[b * smax..(b + 1) * smax];
+                let s = RefSeq {
+                    start,
+                    len: lens[b],
+                    padded: row[0] == PAD,
+                    read: (row[0] != PAD && init[b] != 0)
+                        .then(|| row[(accepted[b] - 1).max(0) as usize] as usize),
+                    writes: if row[0] == PAD {
+                        Writes::Nothing
+                    } else {
+                        Writes::PerToken(row[..lens[b]].iter().map(|&x| x as usize).collect())
+                    },
+                };
+                start += lens[b];
+                s
+            })
+            .collect();
+        let exp = reference(&p, &seqs);
+        assert!(exp.states.len() == 12, "the case writes twelve states");
+        for (name, isa) in [("export", None), ("reference", Some(Isa::Scalar))] {
+            let mut a = p.clone_all();
+            let code = match isa {
+                None => a.call(std::ptr::null()),
+                Some(isa) => a.call_with(isa, Path::Auto, std::ptr::null()),
+            };
+            assert_eq!(code, SSMK_OK, "{}", common::last_error());
+            verify(&p, &a, &exp, &format!("speculative {name} state {state:?}"));
+        }
+    }
+}
+
+/// Pad slots give zero rows and leave the pool alone; NULL `has_initial_state` starts from zeros;
+/// NULL `state` starts from zeros and writes nothing; zero-length sequences write their initial
+/// state back (zeros without one).
+#[test]
+fn padding_null_arguments_and_empty_sequences() {
+    let lens = [4usize, 0, 66, 0, 1];
+    let mut p = Gdn::new(
+        600,
+        71,
+        2,
+        4,
+        32,
+        32,
+        DType::BF16,
+        Some((DType::BF16, 6)),
+        true,
+    )
+    .with_seqs(&lens);
+    p.idx = Some(Tensor::ints(DType::I32, &[PAD, 4, 2, 0, PAD]));
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 1, 0, 1]));
+    let mut a = p.clone_all();
+    assert_eq!(
+        a.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    verify(
+        &p,
+        &a,
+        &reference(&p, &plain_seqs(&p)),
+        "pad slots and empty sequences",
+    );
+    // Slot 4 (zero-length, initial state) is bit-identical; slot 0 (zero-length, none) is zero.
+    let (sb, sa) = (p.state.as_ref().unwrap(), a.state.as_ref().unwrap());
+    let slot_bytes = 4 * 32 * 32 * 2;
+    assert!(
+        sa.bytes()[4 * slot_bytes..5 * slot_bytes] == sb.bytes()[4 * slot_bytes..5 * slot_bytes]
+    );
+    assert!(sa.bytes()[..slot_bytes].iter().all(|&x| x == 0));
+
+    let mut p = Gdn::new(
+        601,
+        70,
+        2,
+        4,
+        32,
+        32,
+        DType::BF16,
+        Some((DType::F32, 3)),
+        false,
+    )
+    .with_seqs(&[1, 69]);
+    let mut a = p.clone_all();
+    assert_eq!(
+        a.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    verify(
+        &p,
+        &a,
+        &reference(&p, &plain_seqs(&p)),
+        "NULL has_initial_state",
+    );
+
+    p.state = None;
+    p.idx = Some(Tensor::ints(DType::I32, &[PAD, 12345]));
+    let mut a = p.clone_all();
+    assert_eq!(
+        a.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    verify(&p, &a, &reference(&p, &plain_seqs(&p)), "NULL state");
+}
+
+/// Results are bitwise identical on one and two threads.
+#[test]
+fn one_and_two_threads_bitwise_equal() {
+    let lens = [1usize, 130, 1, 65, 2, 1];
+    let mut p = Gdn::new(
+        700,
+        lens.iter().sum(),
+        2,
+        4,
+        64,
+        64,
+        DType::BF16,
+        Some((DType::F32, 6)),
+        true,
+    )
+    .with_seqs(&lens);
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 0, 1, 1, 1]));
+    let mut results = Vec::new();
+    for threads in [1, 2] {
+        let ctx = ssmk_context_create(threads);
+        let mut a = p.clone_all();
+        assert_eq!(a.call(ctx), SSMK_OK, "{}", common::last_error());
+        unsafe { ssmk_context_destroy(ctx) };
+        results.push((a.out.bytes(), a.state.as_ref().unwrap().bytes()));
+    }
+    assert!(results[0] == results[1], "1 vs 2 threads differ");
+}
+
+/// Every ISA level this CPU runs, each path, against the crate's f64 reference (`Isa::Scalar`).
+#[test]
+fn every_isa_matches_crate_reference() {
+    let lens = [1usize, 3, 64, 129];
+    let mut p = Gdn::new(
+        800,
+        lens.iter().sum(),
+        2,
+        4,
+        48,
+        40,
+        DType::BF16,
+        Some((DType::F32, 4)),
+        true,
+    )
+    .with_seqs(&lens);
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 1, 1]));
+    let mut want = p.clone_all();
+    assert_eq!(
+        want.call_with(Isa::Scalar, Path::Auto, std::ptr::null()),
+        SSMK_OK
+    );
+    for isa in Isa::supported() {
+        for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
+            let mut a = p.clone_all();
+            assert_eq!(
+                a.call_with(isa, path, std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            for (x, y) in [
+                (&a.out, &want.out),
+                (a.state.as_ref().unwrap(), want.state.as_ref().unwrap()),
+            ] {
+                let t = tol(x.dtype);
+                for (i, (g, w)) in x.to_vec().iter().zip(y.to_vec()).enumerate() {
+                    assert!(
+                        close(*g, w, t),
+                        "{isa:?} {path:?}: [{i}] {g} vs reference {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `ssmk_gdn_gating` against f64 math.
+#[test]
+fn gating_matches_reference() {
+    for (n, hv, beta_dtype, sp_beta, threshold) in [
+        (1, 4, DType::BF16, 1.0f32, 20.0f32),
+        (9, 8, DType::F32, 1.0, 20.0),
+        (40, 8, DType::F16, 2.0, 5.0),
+        (300, 32, DType::BF16, 1.0, 20.0),
+    ] {
+        let mut rng = Rng::new(n as u64);
+        let mut a_log = Tensor::zeros(DType::F32, &[hv]);
+        let mut a = Tensor::zeros(DType::BF16, &[n, hv]);
+        let mut b = Tensor::zeros(DType::BF16, &[n, hv]);
+        let mut dt_bias = Tensor::zeros(DType::BF16, &[hv]);
+        fill(&mut a_log, &mut rng, |u| 3.0 * u - 1.0);
+        fill(&mut a, &mut rng, |u| 30.0 * u - 12.0); // crosses the threshold both ways
+        fill(&mut b, &mut rng, |u| 16.0 * u - 8.0);
+        fill(&mut dt_bias, &mut rng, |u| u - 0.5);
+        let g = Tensor::zeros(DType::F32, &[n, hv]);
+        let beta = Tensor::zeros(beta_dtype, &[n, hv]);
+        let (da, dx, db, dd, dg, dbeta) = (
+            a_log.desc(),
+            a.desc(),
+            b.desc(),
+            dt_bias.desc(),
+            g.desc(),
+            beta.desc(),
+        );
+        let code = unsafe {
+            ssmk_gdn_gating(
+                std::ptr::null(),
+                &da,
+                &dx,
+                &db,
+                &dd,
+                sp_beta,
+                threshold,
+                (&dg as *const ssmk_tensor).cast_mut(),
+                (&dbeta as *const ssmk_tensor).cast_mut(),
+            )
+        };
+        assert_eq!(code, SSMK_OK, "{}", common::last_error());
+        let bt = tol(beta_dtype);
+        for i in 0..n {
+            for h in 0..hv {
+                let x = a.get(&[i, h]) + dt_bias.get(&[h]);
+                let bx = sp_beta as f64 * x;
+                let sp = if bx > threshold as f64 {
+                    x
+                } else {
+                    bx.exp().ln_1p() / sp_beta as f64
+                };
+                let want_g = -a_log.get(&[h]).exp() * sp;
+                let got_g = g.get(&[i, h]);
+                assert!(
+                    (got_g - want_g).abs() <= 1e-6 + 1e-5 * want_g.abs(),
+                    "g[{i}][{h}] = {got_g} vs {want_g}"
+                );
+                let want_b = 1.0 / (1.0 + (-b.get(&[i, h])).exp());
+                let got_b = beta.get(&[i, h]);
+                assert!(
+                    close(got_b, want_b, bt),
+                    "beta[{i}][{h}] = {got_b} vs {want_b}"
+                );
+            }
+        }
+    }
+}
+
+/// Every bad gating input is rejected with its message and nothing written.
+#[test]
+fn gating_rejects_bad_inputs() {
+    let a_log = Tensor::zeros(DType::F32, &[4]);
+    let a = Tensor::zeros(DType::BF16, &[3, 4]);
+    let b = Tensor::zeros(DType::BF16, &[3, 4]);
+    let dt_bias = Tensor::zeros(DType::BF16, &[4]);
+    let mut g = Tensor::zeros(DType::F32, &[3, 4]);
+    fill(&mut g, &mut Rng::new(1), |u| u + 1.0);
+    let beta = Tensor::zeros(DType::BF16, &[3, 4]);
+    let wrong = Tensor::zeros(DType::BF16, &[3, 5]);
+    let g_bf16 = Tensor::zeros(DType::BF16, &[3, 4]);
+    type Edit<'a> = Box<dyn Fn(&mut [ssmk_tensor; 6], &mut f32, &mut f32) + 'a>;
+    let cases: Vec<(Edit, i32, &str)> = vec![
+        (
+            Box::new(|d, _, _| d[1] = wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "a.shape[1] = 5",
+        ),
+        (
+            Box::new(|d, _, _| d[2] = wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "b.shape[1] = 5",
+        ),
+        (
+            Box::new(|d, _, _| d[4] = g_bf16.desc()),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "g.dtype = bfloat16",
+        ),
+        (
+            Box::new(|d, _, _| d[3].ndim = 2),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "dt_bias.ndim",
+        ),
+        (
+            Box::new(|_, sb, _| *sb = 0.0),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "softplus_beta = 0",
+        ),
+        (
+            Box::new(|_, _, th| *th = f32::NAN),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "softplus_threshold",
+        ),
+        (
+            Box::new(|d, _, _| d[5].data = d[1].data),
+            SSMK_ERR_ALIASING,
+            "beta bytes",
+        ),
+        (
+            Box::new(|d, _, _| d[5].data = d[4].data),
+            SSMK_ERR_ALIASING,
+            "overlap",
+        ),
+        (
+            Box::new(|d, _, _| d[0].device.device_type = 2),
+            SSMK_ERR_UNSUPPORTED_DEVICE,
+            "A_log.device",
+        ),
+    ];
+    let g_before = g.bytes();
+    for (edit, status, fragment) in cases {
+        let mut d = [
+            a_log.desc(),
+            a.desc(),
+            b.desc(),
+            dt_bias.desc(),
+            g.desc(),
+            beta.desc(),
+        ];
+        let (mut sb, mut th) = (1.0f32, 20.0f32);
+        edit(&mut d, &mut sb, &mut th);
+        let code = unsafe {
+            ssmk_gdn_gating(
+                std::ptr::null(),
+                &d[0],
+                &d[1],
+                &d[2],
+                &d[3],
+                sb,
+                th,
+                &mut d[4],
+                &mut d[5],
+            )
+        };
+        assert_error(code, status, &[fragment]);
+        assert!(
+            g.bytes() == g_before && beta.bytes().iter().all(|&x| x == 0),
+            "{fragment}: an output was written"
+        );
+    }
+    let code = unsafe {
+        ssmk_gdn_gating(
+            std::ptr::null(),
+            std::ptr::null(),
+            &a.desc(),
+            &b.desc(),
+            &dt_bias.desc(),
+            1.0,
+            20.0,
+            &mut g.desc(),
+            &mut beta.desc(),
+        )
+    };
+    assert_error(code, SSMK_ERR_NULL_POINTER, &["A_log is NULL"]);
+}
+
+/// Every bad delta-rule input of ABI.md is rejected with its message, and no out or state byte changes.
+#[test]
+fn delta_rule_rejects_bad_inputs() {
+    let base = || {
+        let mut p = Gdn::new(900, 7, 2, 4, 8, 8, DType::BF16, Some((DType::F32, 4)), true)
+            .with_seqs(&[3, 4]);
+        p.idx = Some(Tensor::ints(DType::I32, &[1, 2]));
+        p.init = Some(Tensor::ints(DType::Bool, &[1, 0]));
+        p
+    };
+    let spec = || {
+        let mut p = base();
+        let mut idx = Tensor::zeros(DType::I32, &[2, 4]);
+        for (i, v) in [0, 1, 2, 3].iter().enumerate() {
+            idx.set(&[0, i], *v as f64);
+        }
+        for i in 0..4 {
+            idx.set(&[1, i], PAD as f64);
+        }
+        p.idx = Some(idx);
+        p.accepted = Some(Tensor::ints(DType::I32, &[1, 1]));
+        p
+    };
+    let k_wrong = Tensor::zeros(DType::BF16, &[7, 2, 9]);
+    let v_wrong = Tensor::zeros(DType::BF16, &[7, 3, 8]);
+    let g_bf16 = Tensor::zeros(DType::BF16, &[7, 4]);
+    let beta_wrong = Tensor::zeros(DType::BF16, &[7, 5]);
+    let out_wrong = Tensor::zeros(DType::BF16, &[7, 4, 9]);
+    let out_int = Tensor::zeros(DType::I32, &[7, 4, 8]);
+    let state_wrong = Tensor::zeros(DType::F32, &[4, 4, 9, 8]);
+    let state_int = Tensor::zeros(DType::I32, &[4, 4, 8, 8]);
+    let zero_k = Tensor::zeros(DType::BF16, &[7, 2, 0]);
+    let acc_f32 = Tensor::zeros(DType::F32, &[2]);
+    let self_overlap_strides = [0i64, 8, 1];
+    type Setup<'a> = Box<dyn Fn(&mut Gdn) + 'a>;
+    type Edit<'a> = Box<dyn Fn(&mut Descs) + 'a>;
+    let none = || -> Setup { Box::new(|_| {}) };
+    let keep = || -> Edit { Box::new(|_| {}) };
+    let cases: Vec<(&str, Setup, Edit, i32, &str)> = vec![
+        (
+            "k shape",
+            none(),
+            Box::new(|d| d.k = k_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "k.shape[2] = 9, expected K = q.shape[2] = 8",
+        ),
+        (
+            "HV % H",
+            none(),
+            Box::new(|d| d.v = v_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "v.shape[1] = 3",
+        ),
+        (
+            "g dtype",
+            none(),
+            Box::new(|d| d.g = g_bf16.desc()),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "g.dtype = bfloat16",
+        ),
+        (
+            "beta shape",
+            none(),
+            Box::new(|d| d.beta = beta_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "beta.shape[1] = 5",
+        ),
+        (
+            "out shape",
+            none(),
+            Box::new(|d| d.out = out_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "out.shape[2] = 9",
+        ),
+        (
+            "out dtype",
+            none(),
+            Box::new(|d| d.out = out_int.desc()),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "out.dtype = int32",
+        ),
+        (
+            "state shape",
+            none(),
+            Box::new(|d| d.state = Some(state_wrong.desc())),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state.shape[2] = 9",
+        ),
+        (
+            "state dtype",
+            none(),
+            Box::new(|d| d.state = Some(state_int.desc())),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "state.dtype = int32",
+        ),
+        (
+            "K = 0",
+            none(),
+            Box::new(|d| {
+                d.q = zero_k.desc();
+                d.k = zero_k.desc()
+            }),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "q.shape[2] = 0",
+        ),
+        (
+            "flags",
+            none(),
+            Box::new(|d| d.flags = 2),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "flags = 0x2",
+        ),
+        (
+            "scale",
+            none(),
+            Box::new(|d| d.scale = f32::NAN),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "scale = NaN",
+        ),
+        (
+            "eps",
+            none(),
+            Box::new(|d| d.eps = -1.0),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "l2norm_eps = -1",
+        ),
+        (
+            "q NULL data",
+            none(),
+            Box::new(|d| d.q.data = std::ptr::null_mut()),
+            SSMK_ERR_NULL_POINTER,
+            "q.data is NULL",
+        ),
+        (
+            "device",
+            none(),
+            Box::new(|d| d.v.device.device_type = 2),
+            SSMK_ERR_UNSUPPORTED_DEVICE,
+            "v.device",
+        ),
+        (
+            "cu decreasing",
+            Box::new(|p| p.cu = Some(Tensor::ints(DType::I32, &[0, 5, 4]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "non-decreasing",
+        ),
+        (
+            "cu beyond T",
+            Box::new(|p| p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 8]))),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "cu_seqlens[2] = 8",
+        ),
+        (
+            "slot range",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[1, 4]))),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "state_indices[1] = 4",
+        ),
+        (
+            "slot negative",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[1, -2]))),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "state_indices[1] = -2",
+        ),
+        (
+            "duplicate slots",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[2, 2]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "distinct",
+        ),
+        (
+            "indices length",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[2]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state_indices.shape[0] = 1",
+        ),
+        (
+            "init length",
+            Box::new(|p| p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 0]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "has_initial_state.shape[0] = 3",
+        ),
+        (
+            "init without state",
+            none(),
+            Box::new(|d| d.state = None),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "has_initial_state[0] is true but state is NULL",
+        ),
+        (
+            "2-D indices",
+            Box::new(|p| p.idx = Some(Tensor::zeros(DType::I32, &[2, 2]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state_indices.ndim = 2",
+        ),
+        (
+            "out overlaps q",
+            none(),
+            Box::new(|d| d.out.data = d.q.data),
+            SSMK_ERR_ALIASING,
+            "out bytes",
+        ),
+        (
+            "state overlaps out",
+            none(),
+            Box::new(|d| d.state.as_mut().unwrap().data = d.out.data),
+            SSMK_ERR_ALIASING,
+            "state bytes",
+        ),
+        (
+            "out self-overlap",
+            none(),
+            Box::new(|d| d.out.strides = self_overlap_strides.as_ptr()),
+            SSMK_ERR_ALIASING,
+            "share memory",
+        ),
+        (
+            "spec n > Smax",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::ints(DType::I32, &[5, 1]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "num_accepted_tokens[0] = 5",
+        ),
+        (
+            "spec n < 0",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::ints(DType::I32, &[-1, 1]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "num_accepted_tokens[0] = -1",
+        ),
+        (
+            "spec accepted dtype",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor {
+                    ..acc_f32_clone(&acc_f32)
+                })
+            }),
+            keep(),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "num_accepted_tokens.dtype",
+        ),
+        (
+            "spec too long",
+            Box::new(|p| {
+                *p = spec();
+                p.cu = Some(Tensor::ints(DType::I32, &[0, 5, 7]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "sequence 0 has 5 tokens",
+        ),
+        (
+            "spec 1-D indices",
+            Box::new(|p| {
+                *p = spec();
+                p.idx = Some(Tensor::ints(DType::I32, &[0, 1]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state_indices.ndim = 1",
+        ),
+        (
+            "spec NULL indices",
+            Box::new(|p| {
+                *p = spec();
+                p.idx = None
+            }),
+            keep(),
+            SSMK_ERR_NULL_POINTER,
+            "state_indices is NULL",
+        ),
+        (
+            "spec write slot range",
+            Box::new(|p| {
+                *p = spec();
+                p.idx.as_mut().unwrap().set(&[0, 2], 9.0)
+            }),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "state_indices[0][2] = 9",
+        ),
+        (
+            "spec duplicate writes",
+            Box::new(|p| {
+                *p = spec();
+                p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
+                let i = p.idx.as_mut().unwrap();
+                for (c, v) in [4.0, 5.0, 2.0, 6.0].into_iter().enumerate() {
+                    i.set(&[1, c], v);
+                }
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "expected distinct slots for the states written",
+        ),
+        (
+            "spec read of another's write",
+            Box::new(|p| {
+                *p = spec();
+                p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 5]));
+                p.init = Some(Tensor::ints(DType::Bool, &[1, 1]));
+                p.accepted = Some(Tensor::ints(DType::I32, &[1, 3]));
+                let i = p.idx.as_mut().unwrap();
+                for (c, v) in [4.0, 5.0, 0.0, 7.0].into_iter().enumerate() {
+                    i.set(&[1, c], v);
+                }
+                p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "sequence 1 reads slot 0",
+        ),
+    ];
+    for (name, setup, edit, status, fragment) in cases {
+        let mut p = base();
+        setup(&mut p);
+        let out_before = p.out.bytes();
+        let state_before = p.state.as_ref().map(|s| s.bytes());
+        let code = p.call_mut(edit, |d| unsafe { export(std::ptr::null(), d) });
+        assert_error(code, status, &[fragment]);
+        assert!(p.out.bytes() == out_before, "{name}: out was written");
+        assert!(
+            p.state.as_ref().map(|s| s.bytes()) == state_before,
+            "{name}: state was written"
+        );
+    }
+    let mut p = base();
+    let code = p.call_mut(
+        |_| {},
+        |d| unsafe {
+            ssmk_gated_delta_rule(
+                std::ptr::null(),
+                std::ptr::null(),
+                &d.k,
+                &d.v,
+                &d.g,
+                &d.beta,
+                0.0,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                0.0,
+                PAD,
+                (&d.out as *const ssmk_tensor).cast_mut(),
+            )
+        },
+    );
+    assert_error(code, SSMK_ERR_NULL_POINTER, &["q is NULL"]);
+}
+
+fn acc_f32_clone(t: &Tensor) -> Tensor {
+    Tensor {
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        strides: t.strides.clone(),
+        storage: t.storage.clone(),
+    }
+}
+
+/// Silences the unused-import lint for helpers only some tests use.
+#[allow(dead_code)]
+fn _uses(_: bf16) -> f32 {
+    <bf16 as Element>::to_f32(bf16::ZERO)
 }

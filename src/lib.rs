@@ -5,6 +5,9 @@
 //! `include/ssmk.h`; this crate is organised so that the exported layer (`ffi`) only validates
 //! descriptors (`tensor`) and dispatches, while the math lives in `kernels`, which knows nothing of C.
 
+// Kernels index several parallel arrays by one counter; iterator chains would obscure the math.
+#![allow(clippy::needless_range_loop)]
+
 pub mod dtype;
 pub mod error;
 pub mod ffi;

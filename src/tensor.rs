@@ -320,7 +320,7 @@ impl View {
                 &self.strides[..self.ndim],
                 self.dims()
             );
-            extent = stride * (len - 1) + extent;
+            extent += stride * (len - 1);
         }
         Ok(())
     }

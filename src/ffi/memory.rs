@@ -110,7 +110,7 @@ fn block_regions(cache: &View, ids: &[i64]) -> Result<Vec<Region>> {
     if dims.iter().any(|&(n, _)| n == 0) || cache.is_empty() {
         return Ok(Vec::new());
     }
-    dims.sort_by(|a, b| b.1.cmp(&a.1));
+    dims.sort_by_key(|d| std::cmp::Reverse(d.1));
     let mut run_bytes = size;
     while let Some(&(n, stride)) = dims.last() {
         if stride != run_bytes {

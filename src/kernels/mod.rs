@@ -3,3 +3,4 @@
 
 pub mod gdn;
 pub mod memory;
+pub mod simd;

@@ -1,0 +1,446 @@
+//! A small portable-SIMD layer: one trait, two x86 implementations (AVX2 + FMA + F16C with 8 f32
+//! lanes, AVX-512 with 16), so each kernel body is written once, generically, and instantiated
+//! per ISA by thin `#[target_feature]` entry points. Every method is `#[inline(always)]` so it is
+//! inlined into those entry points, where its intrinsics are legal and fast.
+//!
+//! Narrow dtypes are widened on load and narrowed with round-to-nearest-even on store, exactly as
+//! [`crate::dtype::Element::from_f32`] does, so SIMD and scalar paths store identical bits for
+//! identical f32 values.
+
+#![allow(clippy::missing_safety_doc)]
+
+use half::{bf16, f16};
+
+use crate::dtype::Element;
+
+/// Vector operations on `LANES` f32 lanes. All methods are `unsafe`: the caller guarantees the
+/// CPU supports the implementation's ISA and that pointers cover `LANES` elements.
+pub trait Simd: Copy + Send + Sync + 'static {
+    const LANES: usize;
+    type V: Copy;
+
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn zero() -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b + c`, fused (one rounding).
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+    /// Sum of the lanes, in a fixed order (deterministic).
+    unsafe fn reduce_sum(a: Self::V) -> f32;
+
+    unsafe fn load_f32(p: *const f32) -> Self::V;
+    unsafe fn store_f32(p: *mut f32, v: Self::V);
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
+    unsafe fn store_bf16(p: *mut u16, v: Self::V);
+    unsafe fn load_f16(p: *const u16) -> Self::V;
+    unsafe fn store_f16(p: *mut u16, v: Self::V);
+
+    /// `e^x` within 4e-7 relative error on [-87.3, 88.3]; below, the smallest normal (~1.2e-38), and
+    /// above, ~2.4e38 (finite), so `x / (1 + exp(-x))` never divides infinity by infinity.
+    #[inline(always)]
+    unsafe fn exp(x: Self::V) -> Self::V {
+        unsafe { exp_generic::<Self>(x) }
+    }
+
+    /// Integer lane ops needed by `exp`: `2^n` for integral-valued `n` in [-126, 127].
+    unsafe fn pow2i(n: Self::V) -> Self::V;
+    /// Round to nearest integer (ties to even), as f32.
+    unsafe fn round(x: Self::V) -> Self::V;
+}
+
+/// Cephes-style expf: `x = n ln2 + r`, `|r| <= ln2/2`, degree-6 polynomial for `e^r`, times `2^n`.
+#[inline(always)]
+unsafe fn exp_generic<S: Simd>(x: S::V) -> S::V {
+    unsafe {
+        let x = S::min(S::max(x, S::splat(-87.336_55)), S::splat(88.376_26));
+        let n = S::round(S::mul(x, S::splat(std::f32::consts::LOG2_E)));
+        // Two-step Cody–Waite reduction keeps r exact enough.
+        let r = S::fma(n, S::splat(-0.693_359_4), x);
+        let r = S::fma(n, S::splat(2.121_944_4e-4), r);
+        let mut p = S::splat(1.987_569_1e-4);
+        p = S::fma(p, r, S::splat(1.398_199_9e-3));
+        p = S::fma(p, r, S::splat(8.333_452e-3));
+        p = S::fma(p, r, S::splat(4.166_579_6e-2));
+        p = S::fma(p, r, S::splat(1.666_666_5e-1));
+        p = S::fma(p, r, S::splat(0.5));
+        let r2 = S::mul(r, r);
+        let e = S::add(S::fma(p, r2, r), S::splat(1.0));
+        // n may reach 128 at the top of the range: split the scale so 2^n never overflows early.
+        let half = S::round(S::mul(n, S::splat(0.5)));
+        S::mul(S::mul(e, S::pow2i(half)), S::pow2i(S::sub(n, half)))
+    }
+}
+
+/// A float storage type the SIMD layer can load and store.
+pub trait SimdElement: Element {
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+    unsafe fn store<S: Simd>(p: *mut Self, v: S::V);
+}
+
+impl SimdElement for f32 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        unsafe { S::load_f32(p) }
+    }
+    #[inline(always)]
+    unsafe fn store<S: Simd>(p: *mut Self, v: S::V) {
+        unsafe { S::store_f32(p, v) }
+    }
+}
+
+impl SimdElement for bf16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        unsafe { S::load_bf16(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn store<S: Simd>(p: *mut Self, v: S::V) {
+        unsafe { S::store_bf16(p.cast(), v) }
+    }
+}
+
+impl SimdElement for f16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        unsafe { S::load_f16(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn store<S: Simd>(p: *mut Self, v: S::V) {
+        unsafe { S::store_f16(p.cast(), v) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use x86::{Avx2, Avx512};
+
+#[cfg(target_arch = "x86_64")]
+// Every method below is a thin wrapper over intrinsics whose only precondition is the ISA, which
+// the `Simd` contract already puts on the caller; per-call `unsafe` blocks would add only noise.
+#[allow(unsafe_op_in_unsafe_fn)]
+mod x86 {
+    use super::Simd;
+    use std::arch::x86_64::*;
+
+    /// AVX2 + FMA + F16C, 8 lanes.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Avx2;
+
+    /// AVX-512 F/BW/VL/DQ, 16 lanes.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Avx512;
+
+    impl Simd for Avx2 {
+        const LANES: usize = 8;
+        type V = __m256;
+
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            _mm256_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            _mm256_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m256, b: __m256) -> __m256 {
+            _mm256_div_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m256, b: __m256) -> __m256 {
+            _mm256_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m256, b: __m256) -> __m256 {
+            _mm256_min_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn reduce_sum(a: __m256) -> f32 {
+            let lo = _mm256_castps256_ps128(a);
+            let hi = _mm256_extractf128_ps::<1>(a);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+            _mm_cvtss_f32(s)
+        }
+        #[inline(always)]
+        unsafe fn load_f32(p: *const f32) -> __m256 {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store_f32(p: *mut f32, v: __m256) {
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m256 {
+            unsafe {
+                let h = _mm_loadu_si128(p.cast());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn store_bf16(p: *mut u16, v: __m256) {
+            unsafe {
+                let b = _mm256_castps_si256(v);
+                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
+                let rounded = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+                let abs = _mm256_and_si256(b, _mm256_set1_epi32(0x7fff_ffff));
+                let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
+                let quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000));
+                let r = _mm256_srli_epi32::<16>(_mm256_blendv_epi8(rounded, quiet, nan));
+                let packed = _mm256_packus_epi32(r, r); // lanes 0-3 | 0-3 | 4-7 | 4-7 in 64-bit quads
+                let ordered = _mm256_permute4x64_epi64::<0b1000>(packed);
+                _mm_storeu_si128(p.cast(), _mm256_castsi256_si128(ordered));
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m256 {
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn store_f16(p: *mut u16, v: __m256) {
+            unsafe { _mm_storeu_si128(p.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
+        }
+        #[inline(always)]
+        unsafe fn pow2i(n: __m256) -> __m256 {
+            let i = _mm256_cvtps_epi32(n);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                i,
+                _mm256_set1_epi32(127),
+            )))
+        }
+        #[inline(always)]
+        unsafe fn round(x: __m256) -> __m256 {
+            _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
+        }
+    }
+
+    impl Simd for Avx512 {
+        const LANES: usize = 16;
+        type V = __m512;
+
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m512 {
+            _mm512_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            _mm512_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            _mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+            _mm512_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+            _mm512_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m512, b: __m512) -> __m512 {
+            _mm512_div_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+            _mm512_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m512, b: __m512) -> __m512 {
+            _mm512_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m512, b: __m512) -> __m512 {
+            _mm512_min_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn reduce_sum(a: __m512) -> f32 {
+            // Same pairwise order as AVX2's after folding halves, so both are deterministic.
+            let lo = _mm512_castps512_ps256(a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+            unsafe { <super::Avx2 as Simd>::reduce_sum(_mm256_add_ps(lo, hi)) }
+        }
+        #[inline(always)]
+        unsafe fn load_f32(p: *const f32) -> __m512 {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store_f32(p: *mut f32, v: __m512) {
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m512 {
+            unsafe {
+                let h = _mm256_loadu_si256(p.cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn store_bf16(p: *mut u16, v: __m512) {
+            unsafe {
+                let b = _mm512_castps_si512(v);
+                let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+                let rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+                let abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff));
+                let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+                let quiet = _mm512_or_si512(b, _mm512_set1_epi32(0x0040_0000));
+                let r = _mm512_srli_epi32::<16>(_mm512_mask_blend_epi32(nan, rounded, quiet));
+                _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(r));
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m512 {
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn store_f16(p: *mut u16, v: __m512) {
+            unsafe {
+                _mm256_storeu_si256(p.cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+            }
+        }
+        #[inline(always)]
+        unsafe fn pow2i(n: __m512) -> __m512 {
+            let i = _mm512_cvtps_epi32(n);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                i,
+                _mm512_set1_epi32(127),
+            )))
+        }
+        #[inline(always)]
+        unsafe fn round(x: __m512) -> __m512 {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::runtime::Isa;
+
+    /// Runs `body` under AVX2 codegen, as kernels do.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn with_avx2<R>(body: impl FnOnce() -> R) -> R {
+        body()
+    }
+
+    fn check_roundtrips<S: Simd>() {
+        let n = S::LANES;
+        let mut rng = 0x1234_5678u32;
+        for round in 0..20_000 {
+            let xs: Vec<f32> = (0..n)
+                .map(|i| {
+                    rng = rng.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    match (round + i) % 7 {
+                        0 => f32::from_bits(rng),
+                        1 => (rng as f32 / u32::MAX as f32 - 0.5) * 200.0,
+                        _ => f32::from_bits(rng & 0x8fff_ffff),
+                    }
+                })
+                .collect();
+            unsafe {
+                let v = S::load_f32(xs.as_ptr());
+                let mut b = vec![0u16; n];
+                S::store_bf16(b.as_mut_ptr(), v);
+                let mut h = vec![0u16; n];
+                S::store_f16(h.as_mut_ptr(), v);
+                for i in 0..n {
+                    let want_b = <bf16 as Element>::from_f32(xs[i]).to_bits();
+                    let want_h = f16::from_f32(xs[i]).to_bits();
+                    if xs[i].is_nan() {
+                        assert!(bf16::from_bits(b[i]).is_nan() && f16::from_bits(h[i]).is_nan());
+                    } else {
+                        assert_eq!(b[i], want_b, "bf16 of {:e}", xs[i]);
+                        assert_eq!(h[i], want_h, "f16 of {:e}", xs[i]);
+                    }
+                }
+                let mut back = vec![0f32; n];
+                S::store_f32(back.as_mut_ptr(), S::load_bf16(b.as_ptr()));
+                for i in 0..n {
+                    assert_eq!(back[i].to_bits(), bf16::from_bits(b[i]).to_f32().to_bits());
+                }
+                S::store_f32(back.as_mut_ptr(), S::load_f16(h.as_ptr()));
+                for i in 0..n {
+                    assert_eq!(back[i].to_bits(), f16::from_bits(h[i]).to_f32().to_bits());
+                }
+            }
+        }
+    }
+
+    fn check_exp<S: Simd>() {
+        let n = S::LANES;
+        let mut x = -100.0f32;
+        let mut worst = 0.0f64;
+        while x < 100.0 {
+            let xs: Vec<f32> = (0..n).map(|i| x + i as f32 * 1e-3).collect();
+            let mut out = vec![0f32; n];
+            unsafe { S::store_f32(out.as_mut_ptr(), S::exp(S::load_f32(xs.as_ptr()))) };
+            for i in 0..n {
+                let want = (xs[i] as f64).exp();
+                if xs[i] < -87.3 {
+                    assert!(out[i] <= 1.21e-38, "exp({}) = {}", xs[i], out[i]);
+                } else if xs[i] > 88.3 {
+                    assert!(
+                        out[i] > 2e38 && out[i].is_finite(),
+                        "exp({}) = {}",
+                        xs[i],
+                        out[i]
+                    );
+                } else {
+                    worst = worst.max(((out[i] as f64 - want) / want).abs());
+                }
+            }
+            x += 0.0173;
+        }
+        assert!(worst < 4e-7, "exp worst relative error {worst:e}");
+    }
+
+    #[test]
+    fn avx2_conversions_and_exp() {
+        if !Isa::supported().contains(&Isa::Avx2) {
+            return;
+        }
+        unsafe { with_avx2(check_roundtrips::<Avx2>) };
+        unsafe { with_avx2(check_exp::<Avx2>) };
+        let v: Vec<f32> = (1..=8).map(|i| i as f32).collect();
+        assert_eq!(
+            unsafe { with_avx2(|| Avx2::reduce_sum(Avx2::load_f32(v.as_ptr()))) },
+            36.0
+        );
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    unsafe fn with_avx512<R>(body: impl FnOnce() -> R) -> R {
+        body()
+    }
+
+    #[test]
+    fn avx512_conversions_and_exp() {
+        if !Isa::supported().contains(&Isa::Avx512) {
+            return; // not on this CPU: compiled, not run
+        }
+        unsafe { with_avx512(check_roundtrips::<Avx512>) };
+        unsafe { with_avx512(check_exp::<Avx512>) };
+    }
+}

@@ -17,6 +17,15 @@
 pub mod gating;
 pub mod reference;
 
+#[cfg(target_arch = "x86_64")]
+mod chunked;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod recurrent;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 use crate::dtype::{DType, Element};
 use crate::error::Result;
 use crate::runtime::{Context, Isa};
@@ -289,6 +298,10 @@ pub unsafe fn gated_delta_rule(
     path: Path,
     args: &DeltaRule,
 ) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        return unsafe { x86::gated_delta_rule(ctx, isa, path, args) };
+    }
     let _ = (path, isa);
     unsafe { reference::gated_delta_rule(ctx, args) };
     Ok(())

@@ -1,0 +1,177 @@
+//! The SIMD driver: splits a call into recurrent, chunked and padded work and runs it on the
+//! context's threads with the entry points of one instruction set. The kernel bodies are generic
+//! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
+
+use super::chunked::{self, Chunk, Layout};
+use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, StateWrite, recurrent};
+use crate::dtype::DType;
+use crate::error::{Error, Result, Status};
+use crate::kernels::simd::{Avx2, Avx512};
+use crate::runtime::{Context, Isa, SharedPtr};
+
+type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
+type IntraFn = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize);
+type InterFn = unsafe fn(&DeltaRule, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize);
+
+/// The entry points of one instruction set.
+struct Kernels {
+    recurrent: RecurrentFn,
+    intra: IntraFn,
+    inter: InterFn,
+}
+
+macro_rules! entry_points {
+    ($module:ident, $simd:ty, $features:literal) => {
+        mod $module {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            unsafe fn recurrent(args: &DeltaRule, seq: &Sequence, hv: usize) {
+                let dtype = args.state.as_ref().map_or(DType::F32, |s| s.dtype);
+                crate::with_float_type!(dtype, St => unsafe {
+                    recurrent::sequence_head::<$simd, St>(args, seq, hv)
+                })
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn intra(args: &DeltaRule, layout: &Layout, scratch: *mut f32, c: usize, chunk: Chunk, h: usize) {
+                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, h) }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn inter(
+                args: &DeltaRule,
+                layout: &Layout,
+                scratch: *mut f32,
+                seq: &Sequence,
+                first: usize,
+                chunks: &[Chunk],
+                hv: usize,
+            ) {
+                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, hv) }
+            }
+
+            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter };
+        }
+    };
+}
+
+entry_points!(avx2, Avx2, "avx2,fma,f16c");
+entry_points!(
+    avx512,
+    Avx512,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+);
+
+/// Whether `seq` takes the chunked form.
+fn chunked_path(path: Path, seq: &Sequence) -> bool {
+    if seq.padded || seq.len == 0 || matches!(seq.write, StateWrite::PerToken(_)) {
+        return false;
+    }
+    match path {
+        Path::Auto => seq.len >= RECURRENT_MAX_LEN,
+        Path::Recurrent => false,
+        Path::Chunked => true,
+    }
+}
+
+/// # Safety
+/// As for [`super::gated_delta_rule`]; the CPU supports `isa` (>= AVX2).
+pub unsafe fn gated_delta_rule(
+    ctx: &Context,
+    isa: Isa,
+    path: Path,
+    args: &DeltaRule,
+) -> Result<()> {
+    let kernels = if isa >= Isa::Avx512 {
+        &avx512::KERNELS
+    } else {
+        &avx2::KERNELS
+    };
+    let (heads, v_heads) = (args.heads, args.v_heads);
+    let mut chunks: Vec<Chunk> = Vec::new();
+    // (sequence, first chunk, chunk count) of every chunked sequence.
+    let mut chunked_seqs: Vec<(usize, usize, usize)> = Vec::new();
+    // Sequences for the recurrence or zero rows (padded), one task per v-head each.
+    let mut simple: Vec<usize> = Vec::new();
+    for (b, seq) in args.sequences.iter().enumerate() {
+        if chunked_path(path, seq) {
+            let first = chunks.len();
+            let mut off = 0;
+            while off < seq.len {
+                let len = CHUNK.min(seq.len - off);
+                chunks.push(Chunk {
+                    start: seq.start + off,
+                    len,
+                });
+                off += len;
+            }
+            chunked_seqs.push((b, first, chunks.len() - first));
+        } else {
+            simple.push(b);
+        }
+    }
+    let layout = Layout {
+        heads,
+        v_heads,
+        k_dim: args.k_dim,
+        v_dim: args.v_dim,
+    };
+    let floats = chunks
+        .len()
+        .checked_mul(layout.chunk_size())
+        .ok_or_else(|| {
+            Error::new(
+                Status::Overflow,
+                "gated_delta_rule: chunk scratch size overflows",
+            )
+        })?;
+    // Every scratch element a task reads was written by pass 1 first, so it is never zeroed.
+    let mut scratch: Vec<std::mem::MaybeUninit<f32>> = Vec::new();
+    scratch.try_reserve_exact(floats).map_err(|_| {
+        Error::new(
+            Status::Allocation,
+            format!(
+                "gated_delta_rule: cannot allocate {} bytes of chunk scratch",
+                floats * 4
+            ),
+        )
+    })?;
+    let base = SharedPtr(scratch.as_mut_ptr().cast::<f32>());
+
+    let intra_tasks = chunks.len() * heads;
+    ctx.for_each(intra_tasks + simple.len() * v_heads, |task| {
+        // SAFETY: each task writes only its own chunk/head scratch, or its own sequence's output
+        // rows and slots for one v-head; the caller validated the memory.
+        unsafe {
+            if task < intra_tasks {
+                let (c, h) = (task / heads, task % heads);
+                (kernels.intra)(args, &layout, base.get(), c, chunks[c], h);
+            } else {
+                let j = task - intra_tasks;
+                let seq = &args.sequences[simple[j / v_heads]];
+                if seq.padded {
+                    recurrent::zero_rows(args, seq, j % v_heads);
+                } else {
+                    (kernels.recurrent)(args, seq, j % v_heads);
+                }
+            }
+        }
+    });
+    ctx.for_each(chunked_seqs.len() * v_heads, |task| {
+        let (b, first, count) = chunked_seqs[task / v_heads];
+        // SAFETY: pass 1 is complete; this task owns the v-head's scratch, rows and slot.
+        unsafe {
+            (kernels.inter)(
+                args,
+                &layout,
+                base.get(),
+                &args.sequences[b],
+                first,
+                &chunks[first..first + count],
+                task % v_heads,
+            )
+        };
+    });
+    Ok(())
+}

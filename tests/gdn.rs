@@ -373,7 +373,7 @@ fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
         values(&p.g),
         values(&p.beta),
     );
-    let st0 = p.state.as_ref().map(|s| values(s));
+    let st0 = p.state.as_ref().map(values);
     let slot_len = hv_n * kd * vd;
     let scale = if p.scale <= 0.0 {
         1.0 / (kd as f64).sqrt()
@@ -433,8 +433,8 @@ fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
                         o[j] += sm[r * vd + j] * qr;
                     }
                 }
-                for j in 0..vd {
-                    exp.out[(t * hv_n + hv) * vd + j] = Some(o[j] * scale);
+                for (e, o) in exp.out[(t * hv_n + hv) * vd..][..vd].iter_mut().zip(&o) {
+                    *e = Some(o * scale);
                 }
             }
             if let Writes::PerToken(slots) = &s.writes {

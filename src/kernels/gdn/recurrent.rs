@@ -123,6 +123,7 @@ unsafe fn store_block<S: Simd, St: SimdElement>(
 /// `S = a S + k delta^T`, `o = S^T q` (q carries the scale). Two accumulators per vector (even and
 /// odd rows) hide the FMA latency; the order is fixed, so results are deterministic.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn token<S: Simd>(
     block: &mut [f32],
     kd: usize,

@@ -1015,23 +1015,34 @@ fn one_and_two_threads_bitwise_equal() {
     assert!(results[0] == results[1], "1 vs 2 threads differ");
 }
 
-/// Every ISA level this CPU runs, each path, against the crate's f64 reference (`Isa::Scalar`).
+/// Every ISA level this CPU runs, each path, against the crate's f64 reference (`Isa::Scalar`);
+/// odd K and V with SIMD tails, and every state dtype.
 #[test]
 fn every_isa_matches_crate_reference() {
-    let lens = [1usize, 3, 64, 129];
+    for (dims, state) in [
+        ((45, 36), DType::F32),
+        ((32, 20), DType::BF16),
+        ((16, 7), DType::F16),
+    ] {
+        every_isa_case(dims, state);
+    }
+}
+
+fn every_isa_case(dims: (usize, usize), state: DType) {
+    let lens = [1usize, 3, 64, 129, 1];
     let mut p = Gdn::new(
         800,
         lens.iter().sum(),
         2,
         4,
-        48,
-        40,
+        dims.0,
+        dims.1,
         DType::BF16,
-        Some((DType::F32, 4)),
+        Some((state, 5)),
         true,
     )
     .with_seqs(&lens);
-    p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 1, 1]));
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 1, 1, 0]));
     let mut want = p.clone_all();
     assert_eq!(
         want.call_with(Isa::Scalar, Path::Auto, std::ptr::null()),
@@ -1619,4 +1630,122 @@ fn acc_f32_clone(t: &Tensor) -> Tensor {
 #[allow(dead_code)]
 fn _uses(_: bf16) -> f32 {
     <bf16 as Element>::to_f32(bf16::ZERO)
+}
+
+/// Rough throughput of the performance cases (run in release:
+/// `cargo test --release --test gdn perf -- --ignored --nocapture`). Prefill GFLOP/s count
+/// `2 T HV (3KV + 2CK + 2CV)` with C = 64; decode GB/s count the state bytes read and written.
+#[test]
+#[ignore]
+fn perf_report() {
+    let time = |p: &mut Gdn, isa: Isa, path: Path, threads: u32, reps: usize| -> f64 {
+        let ctx = ssmk_context_create(threads);
+        assert_eq!(
+            p.call_with(isa, path, ctx),
+            SSMK_OK,
+            "{}",
+            common::last_error()
+        ); // warm-up
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let t0 = std::time::Instant::now();
+            assert_eq!(p.call_with(isa, path, ctx), SSMK_OK);
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        unsafe { ssmk_context_destroy(ctx) };
+        best
+    };
+    let (h, hv, kd, vd) = (16, 32, 128, 128);
+    let isa = Isa::detected();
+    // GDN_PERF=decode or =prefill runs one part (for profiling).
+    let only = std::env::var("GDN_PERF").unwrap_or_default();
+    let prefill_cases: &[&[usize]] = if only == "decode" {
+        &[]
+    } else {
+        &[&[2048], &[512, 512, 512, 512]]
+    };
+    for &lens in prefill_cases {
+        let t: usize = lens.iter().sum();
+        let mut p = Gdn::new(
+            1,
+            t,
+            h,
+            hv,
+            kd,
+            vd,
+            DType::BF16,
+            Some((DType::F32, lens.len())),
+            true,
+        )
+        .with_seqs(lens);
+        p.init = Some(Tensor::ints(DType::Bool, &vec![1; lens.len()]));
+        let flops = 2.0 * (t * hv) as f64 * (3 * kd * vd + 2 * 64 * kd + 2 * 64 * vd) as f64;
+        for path in [Path::Chunked, Path::Recurrent] {
+            for threads in [1, 2] {
+                let s = time(&mut p, isa, path, threads, 3);
+                println!(
+                    "prefill {}x{} {isa:?} {path:?} {threads} thread(s): {:.1} ms, {:.1} GFLOP/s",
+                    lens.len(),
+                    lens[0],
+                    s * 1e3,
+                    flops / s / 1e9
+                );
+            }
+        }
+        if lens.len() == 4 {
+            let s = time(&mut p, Isa::Scalar, Path::Auto, 2, 1);
+            println!(
+                "prefill {}x{} f64 reference 2 threads: {:.1} ms, {:.2} GFLOP/s",
+                lens.len(),
+                lens[0],
+                s * 1e3,
+                flops / s / 1e9
+            );
+        }
+    }
+    let b = 64;
+    let mut p = Gdn::new(
+        2,
+        b,
+        h,
+        hv,
+        kd,
+        vd,
+        DType::BF16,
+        Some((DType::F32, b)),
+        true,
+    )
+    .with_seqs(&vec![1; b]);
+    p.init = Some(Tensor::ints(DType::Bool, &vec![1; b]));
+    let bytes = 2.0 * (b * hv * kd * vd * 4) as f64;
+    for threads in [1, 2] {
+        let s = time(&mut p, isa, Path::Auto, threads, 10);
+        println!(
+            "decode B={b} {isa:?} {threads} thread(s): {:.2} ms, {:.1} GB/s of state",
+            s * 1e3,
+            bytes / s / 1e9
+        );
+    }
+    // Same-run memcpy baseline over the same byte count (half read, half written).
+    let n = b * hv * kd * vd;
+    let src = vec![1f32; n];
+    let mut dst = vec![0f32; n];
+    let mut best = f64::MAX;
+    for _ in 0..10 {
+        let t0 = std::time::Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    println!(
+        "memcpy of the state bytes: {:.2} ms, {:.1} GB/s",
+        best * 1e3,
+        bytes / best / 1e9
+    );
+    let s = time(&mut p, Isa::Scalar, Path::Auto, 1, 1);
+    println!(
+        "decode B={b} f64 reference 1 thread: {:.2} ms, {:.1} GB/s of state",
+        s * 1e3,
+        bytes / s / 1e9
+    );
 }

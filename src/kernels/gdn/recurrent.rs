@@ -52,68 +52,93 @@ unsafe fn load_tokens(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
     t
 }
 
-/// Moves a `K x width` block (columns `v0..v0+width`) of state slot `slot` into/out of `block`
-/// (row stride `2*LANES`, columns past `width` zero on load).
+/// Loads the whole `[K, V]` state of `slot` into column blocks: block `b` holds columns
+/// `b*W .. b*W+W` (W = `2*LANES`) as `K x W` rows, zero-padded past `V`. Rows are read in memory
+/// order, so the hardware prefetcher streams the slot.
 #[inline(always)]
-unsafe fn load_block<S: Simd, St: SimdElement>(
+unsafe fn load_state<S: Simd, St: SimdElement>(
     args: &DeltaRule,
     slot: usize,
     hv: usize,
-    v0: usize,
-    width: usize,
-    block: &mut [f32],
+    blocks: &mut [f32],
 ) {
     let st = args
         .state
         .as_ref()
         .expect("state slot without a state tensor");
-    let w = 2 * S::LANES;
-    let fast = width == w && st.strides[3] == 1 && st.dtype == St::DTYPE;
-    for r in 0..args.k_dim {
-        let src = st.at(&[slot, hv, r, v0]);
-        let dst = &mut block[r * w..(r + 1) * w];
-        unsafe {
-            if fast {
-                S::store_f32(dst.as_mut_ptr(), St::load::<S>(src.cast()));
-                S::store_f32(
-                    dst.as_mut_ptr().add(S::LANES),
-                    St::load::<S>(src.cast::<St>().add(S::LANES)),
-                );
-            } else {
-                load_row(src, st.dtype, st.strides[3], &mut dst[..width]);
-                dst[width..].iter_mut().for_each(|x| *x = 0.0);
+    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
+    let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
+    let row_bytes = vd * st.dtype.size();
+    for r in 0..kd {
+        // Prefetch four rows ahead: the hardware prefetchers stop at page boundaries.
+        #[cfg(target_arch = "x86_64")]
+        if st.strides[3] == 1 && r + 4 < kd {
+            let ahead = st.at(&[slot, hv, r + 4, 0]);
+            let mut off = 0;
+            while off < row_bytes {
+                // SAFETY: a prefetch of an address inside the slot never faults.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        ahead.add(off).cast(),
+                    )
+                };
+                off += 64;
             }
+        }
+        let mut v0 = 0;
+        while v0 < vd {
+            let width = w.min(vd - v0);
+            let src = st.at(&[slot, hv, r, v0]);
+            let dst = &mut blocks[((v0 / w) * kd + r) * w..][..w];
+            unsafe {
+                if contiguous && width == w {
+                    S::store_f32(dst.as_mut_ptr(), St::load::<S>(src.cast()));
+                    S::store_f32(
+                        dst.as_mut_ptr().add(S::LANES),
+                        St::load::<S>(src.cast::<St>().add(S::LANES)),
+                    );
+                } else {
+                    load_row(src, st.dtype, st.strides[3], &mut dst[..width]);
+                    dst[width..].iter_mut().for_each(|x| *x = 0.0);
+                }
+            }
+            v0 += w;
         }
     }
 }
 
+/// Stores column blocks `first..end` (see [`load_state`]) to `slot`, rounding to the state dtype.
 #[inline(always)]
-unsafe fn store_block<S: Simd, St: SimdElement>(
+unsafe fn store_state<S: Simd, St: SimdElement>(
     args: &DeltaRule,
     slot: usize,
     hv: usize,
-    v0: usize,
-    width: usize,
-    block: &[f32],
+    blocks: &[f32],
+    first: usize,
+    end: usize,
 ) {
     let st = args
         .state
         .as_ref()
         .expect("state slot without a state tensor");
-    let w = 2 * S::LANES;
-    let fast = width == w && st.strides[3] == 1 && st.dtype == St::DTYPE;
-    for r in 0..args.k_dim {
-        let dst = st.at(&[slot, hv, r, v0]);
-        let src = &block[r * w..(r + 1) * w];
-        unsafe {
-            if fast {
-                St::store::<S>(dst.cast(), S::load_f32(src.as_ptr()));
-                St::store::<S>(
-                    dst.cast::<St>().add(S::LANES),
-                    S::load_f32(src.as_ptr().add(S::LANES)),
-                );
-            } else {
-                store_row(dst, st.dtype, st.strides[3], &src[..width]);
+    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
+    let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
+    for r in 0..kd {
+        for b in first..end {
+            let v0 = b * w;
+            let width = w.min(vd - v0);
+            let dst = st.at(&[slot, hv, r, v0]);
+            let src = &blocks[(b * kd + r) * w..][..w];
+            unsafe {
+                if contiguous && width == w {
+                    St::store::<S>(dst.cast(), S::load_f32(src.as_ptr()));
+                    St::store::<S>(
+                        dst.cast::<St>().add(S::LANES),
+                        S::load_f32(src.as_ptr().add(S::LANES)),
+                    );
+                } else {
+                    store_row(dst, st.dtype, st.strides[3], &src[..width]);
+                }
             }
         }
     }
@@ -197,22 +222,22 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
     let (kd, vd) = (args.k_dim, args.v_dim);
     let w = 2 * S::LANES;
     let tokens = unsafe { load_tokens(args, seq, hv) };
-    let mut block = vec![0f32; kd * w];
+    let blocks_n = vd.div_ceil(w);
+    let mut blocks = vec![0f32; blocks_n * kd * w];
+    if let Some(slot) = seq.read {
+        unsafe { load_state::<S, St>(args, slot, hv, &mut blocks) };
+    }
     let (mut v, mut o) = ([0f32; 32], [0f32; 32]);
     let out = &args.out;
-    let mut v0 = 0;
-    while v0 < vd {
+    for b in 0..blocks_n {
+        let v0 = b * w;
         let width = w.min(vd - v0);
-        match seq.read {
-            Some(slot) => unsafe { load_block::<S, St>(args, slot, hv, v0, width, &mut block) },
-            None => block.iter_mut().for_each(|x| *x = 0.0),
-        }
         for i in 0..seq.len {
             v[..width].copy_from_slice(&tokens.v[i * vd + v0..i * vd + v0 + width]);
             v[width..w].iter_mut().for_each(|x| *x = 0.0);
             unsafe {
                 token::<S>(
-                    &mut block,
+                    &mut blocks[b * kd * w..(b + 1) * kd * w],
                     kd,
                     &tokens.q[i * kd..(i + 1) * kd],
                     &tokens.k[i * kd..(i + 1) * kd],
@@ -227,16 +252,101 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
                     out.strides[2],
                     &o[..width],
                 );
-                if let StateWrite::PerToken(slots) = &seq.write {
-                    store_block::<S, St>(args, slots[i], hv, v0, width, &block);
+            }
+            if let StateWrite::PerToken(slots) = &seq.write {
+                unsafe { store_state::<S, St>(args, slots[i], hv, &blocks[..], b, b + 1) };
+            }
+        }
+    }
+    if let StateWrite::Final(slot) = seq.write {
+        unsafe { store_state::<S, St>(args, slot, hv, &blocks, 0, blocks_n) };
+    }
+}
+/// A decode (one token) on a contiguous state of dtype `St`, straight on the state rows:
+/// pass 1 streams the slot from memory accumulating `kv = S^T k`, pass 2 re-reads the rows (now in
+/// L2), writes the updated rows and accumulates `o`. No copy of the state is made. Returns false
+/// (nothing done) when the layout does not fit, so the caller takes the blocked path.
+///
+/// # Safety
+/// As for [`sequence_head`].
+#[inline(always)]
+pub unsafe fn decode<S: Simd, St: SimdElement>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    hv: usize,
+) -> bool {
+    let Some(st) = args.state.as_ref() else {
+        return false;
+    };
+    if seq.len != 1 || st.strides[3] != 1 || st.dtype != St::DTYPE {
+        return false;
+    }
+    let write = match &seq.write {
+        StateWrite::Final(slot) => Some(*slot),
+        StateWrite::PerToken(slots) => Some(slots[0]),
+        StateWrite::Nothing => None,
+    };
+    let (kd, vd, l) = (args.k_dim, args.v_dim, S::LANES);
+    let vec_end = vd / l * l;
+    let tokens = unsafe { load_tokens(args, seq, hv) };
+    let (q, k, v) = (&tokens.q, &tokens.k, &tokens.v);
+    let (decay, beta) = (tokens.decay[0], tokens.beta[0]);
+    let row = |slot: usize, r: usize| st.at(&[slot, hv, r, 0]).cast::<St>();
+    let mut kv = vec![0f32; vd];
+    unsafe {
+        if let Some(slot) = seq.read {
+            for r in 0..kd {
+                let src = row(slot, r);
+                let kr = S::splat(k[r]);
+                let mut j = 0;
+                while j < vec_end {
+                    let p = kv.as_mut_ptr().add(j);
+                    S::store_f32(p, S::fma(St::load::<S>(src.add(j)), kr, S::load_f32(p)));
+                    j += l;
+                }
+                for j in vec_end..vd {
+                    kv[j] = (*src.add(j)).to_f32().mul_add(k[r], kv[j]);
                 }
             }
         }
-        if let StateWrite::Final(slot) = seq.write {
-            unsafe { store_block::<S, St>(args, slot, hv, v0, width, &block) };
-        }
-        v0 += w;
     }
+    // delta = beta (v - a kv)
+    let delta: Vec<f32> = (0..vd).map(|j| beta * (v[j] - decay * kv[j])).collect();
+    let mut o = kv; // reused as the output accumulator
+    o.iter_mut().for_each(|x| *x = 0.0);
+    unsafe {
+        let a = S::splat(decay);
+        for r in 0..kd {
+            let (kr, qr) = (S::splat(k[r]), S::splat(q[r]));
+            let src = seq.read.map(|slot| row(slot, r));
+            let dst = write.map(|slot| row(slot, r));
+            let mut j = 0;
+            while j < vec_end {
+                let upd = S::mul(kr, S::load_f32(delta.as_ptr().add(j)));
+                let s_new = match src {
+                    Some(src) => S::fma(St::load::<S>(src.add(j)), a, upd),
+                    None => upd,
+                };
+                if let Some(dst) = dst {
+                    St::store::<S>(dst.add(j), s_new);
+                }
+                let p = o.as_mut_ptr().add(j);
+                S::store_f32(p, S::fma(s_new, qr, S::load_f32(p)));
+                j += l;
+            }
+            for j in vec_end..vd {
+                let old = src.map_or(0.0, |src| (*src.add(j)).to_f32());
+                let s_new = old.mul_add(decay, k[r] * delta[j]);
+                if let Some(dst) = dst {
+                    *dst.add(j) = St::from_f32(s_new);
+                }
+                o[j] = s_new.mul_add(q[r], o[j]);
+            }
+        }
+        let out = &args.out;
+        store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], &o);
+    }
+    true
 }
 
 /// Zero output rows of a padded sequence for one v-head.

@@ -29,7 +29,9 @@ macro_rules! entry_points {
             unsafe fn recurrent(args: &DeltaRule, seq: &Sequence, hv: usize) {
                 let dtype = args.state.as_ref().map_or(DType::F32, |s| s.dtype);
                 crate::with_float_type!(dtype, St => unsafe {
-                    recurrent::sequence_head::<$simd, St>(args, seq, hv)
+                    if !recurrent::decode::<$simd, St>(args, seq, hv) {
+                        recurrent::sequence_head::<$simd, St>(args, seq, hv)
+                    }
                 })
             }
 

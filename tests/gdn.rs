@@ -1659,6 +1659,11 @@ fn perf_report() {
     let isa = Isa::detected();
     // GDN_PERF=decode or =prefill runs one part (for profiling).
     let only = std::env::var("GDN_PERF").unwrap_or_default();
+    let paths: &[Path] = if only == "chunked" {
+        &[Path::Chunked]
+    } else {
+        &[Path::Chunked, Path::Recurrent]
+    };
     let prefill_cases: &[&[usize]] = if only == "decode" {
         &[]
     } else {
@@ -1680,7 +1685,7 @@ fn perf_report() {
         .with_seqs(lens);
         p.init = Some(Tensor::ints(DType::Bool, &vec![1; lens.len()]));
         let flops = 2.0 * (t * hv) as f64 * (3 * kd * vd + 2 * 64 * kd + 2 * 64 * vd) as f64;
-        for path in [Path::Chunked, Path::Recurrent] {
+        for &path in paths {
             for threads in [1, 2] {
                 let s = time(&mut p, isa, path, threads, 3);
                 println!(
@@ -1692,7 +1697,7 @@ fn perf_report() {
                 );
             }
         }
-        if lens.len() == 4 {
+        if lens.len() == 4 && only.is_empty() {
             let s = time(&mut p, Isa::Scalar, Path::Auto, 2, 1);
             println!(
                 "prefill {}x{} f64 reference 2 threads: {:.1} ms, {:.2} GFLOP/s",

@@ -24,12 +24,15 @@ pub struct Chunk {
     pub len: usize,
 }
 
-/// Scratch layout, in f32 elements, per chunk: for each q/k head `[2][C][K]` (normalised q, k),
-/// then for each v-head `-w [C][K]`, `u [C][V]`, `P [C][C]`, `G [C]`.
+/// Scratch layout of one wave of q/k heads `first_head .. first_head + heads` (and their v-heads),
+/// in f32 elements, per chunk: for each q/k head `[2][C][K]` (normalised q, k), then for each
+/// v-head `-w [C][K]`, `u [C][V]`, `P [C][C]`, `G [C]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
+    pub first_head: usize,
     pub heads: usize,
-    pub v_heads: usize,
+    /// v-heads per q/k head.
+    pub group: usize,
     pub k_dim: usize,
     pub v_dim: usize,
 }
@@ -42,16 +45,18 @@ impl Layout {
         C * self.k_dim + C * self.v_dim + C * C + C
     }
     pub fn chunk_size(&self) -> usize {
-        self.heads * self.qk_size() + self.v_heads * self.head_size()
+        self.heads * self.qk_size() + self.heads * self.group * self.head_size()
     }
     /// Normalised q of chunk `c`, head `h` (k follows at `+ C*K`).
     fn qk(&self, base: *mut f32, c: usize, h: usize) -> *mut f32 {
-        base.wrapping_add(c * self.chunk_size() + h * self.qk_size())
+        base.wrapping_add(c * self.chunk_size() + (h - self.first_head) * self.qk_size())
     }
     /// `-w` of chunk `c`, v-head `hv`; `u`, `P`, `G` follow.
     fn head(&self, base: *mut f32, c: usize, hv: usize) -> HeadScratch {
         let w = base.wrapping_add(
-            c * self.chunk_size() + self.heads * self.qk_size() + hv * self.head_size(),
+            c * self.chunk_size()
+                + self.heads * self.qk_size()
+                + (hv - self.first_head * self.group) * self.head_size(),
         );
         let u = w.wrapping_add(C * self.k_dim);
         let p = u.wrapping_add(C * self.v_dim);

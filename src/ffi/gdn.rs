@@ -522,6 +522,7 @@ unsafe fn delta_rule_impl(
         scale
     };
     let args = DeltaRule {
+        tokens,
         heads,
         v_heads,
         k_dim,

@@ -210,6 +210,7 @@ pub unsafe fn intra<S: Simd>(
         }
         // -w = T (-k * beta * e^G);  u = T (v * beta).
         for i in 0..m {
+            args.prefetch_v(chunk.start + i + 2, hv, false);
             let f = -beta[i] * eg[i];
             for r in 0..kd {
                 x[i * kd + r] = unsafe { *kn.add(i * kd + r) } * f;
@@ -350,6 +351,7 @@ pub unsafe fn inter<S: Simd>(
                 true,
             );
             for i in 0..m {
+                args.prefetch_v(chunk.start + i + 2, hv, true);
                 store_row(
                     out.at(&[chunk.start + i, hv]),
                     out.dtype,

@@ -1672,6 +1672,32 @@ fn perf_report() {
     };
     let (h, hv, kd, vd) = (16, 32, 128, 128);
     let isa = Isa::detected();
+    if std::env::var("GDN_PERF").as_deref() == Ok("crossover") {
+        for len in [8usize, 16, 24, 32, 48, 64, 128] {
+            let b = 2048 / len;
+            let mut p = Gdn::new(
+                3,
+                b * len,
+                h,
+                hv,
+                kd,
+                vd,
+                DType::BF16,
+                Some((DType::F32, b)),
+                true,
+            )
+            .with_seqs(&vec![len; b]);
+            p.init = Some(Tensor::ints(DType::Bool, &vec![1; b]));
+            let r = time(&mut p, isa, Path::Recurrent, 1, 3);
+            let c = time(&mut p, isa, Path::Chunked, 1, 3);
+            println!(
+                "{b} x {len}: recurrent {:.1} ms, chunked {:.1} ms",
+                r * 1e3,
+                c * 1e3
+            );
+        }
+        return;
+    }
     // GDN_PERF=decode or =prefill runs one part (for profiling).
     let only = std::env::var("GDN_PERF").unwrap_or_default();
     let paths: &[Path] = if only == "chunked" {

@@ -12,7 +12,9 @@
 //! Everything is f32; the state stays f32 for the whole sequence.
 
 use super::gemm::{MatA, gemm};
-use super::{CHUNK, DeltaRule, Sequence, StateWrite, load_row, store_row};
+use super::{
+    CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, load_row, prefetch_l2, store_row,
+};
 use crate::kernels::simd::Simd;
 
 const C: usize = CHUNK;
@@ -210,7 +212,7 @@ pub unsafe fn intra<S: Simd>(
         }
         // -w = T (-k * beta * e^G);  u = T (v * beta).
         for i in 0..m {
-            args.prefetch_v(chunk.start + i + 2, hv, false);
+            args.prefetch_v(chunk.start + i + PREFETCH_TOKENS, hv, false);
             let f = -beta[i] * eg[i];
             for r in 0..kd {
                 x[i * kd + r] = unsafe { *kn.add(i * kd + r) } * f;
@@ -284,6 +286,15 @@ pub unsafe fn inter<S: Simd>(
         let hs = layout.head(scratch, c, hv);
         let qn = layout.qk(scratch, c, h);
         let kn = qn.wrapping_add(C * kd);
+        if ci + 1 < chunks.len() {
+            // The next chunk's scratch is in L3 or memory: ask for it into L2 while this one runs.
+            let next = layout.head(scratch, c + 1, hv);
+            let m1 = chunks[ci + 1].len;
+            prefetch_l2(next.w.cast(), m1 * kd * 4);
+            prefetch_l2(next.u.cast(), m1 * vd * 4);
+            prefetch_l2(next.p.cast(), m1 * C * 4);
+            prefetch_l2(layout.qk(scratch, c + 1, h).cast(), 2 * C * kd * 4);
+        }
         let gcum = unsafe { std::slice::from_raw_parts(hs.g, m) };
         let glast = gcum[m - 1];
         unsafe { exp_into::<S>(gcum, &mut eg[..m]) };
@@ -351,7 +362,6 @@ pub unsafe fn inter<S: Simd>(
                 true,
             );
             for i in 0..m {
-                args.prefetch_v(chunk.start + i + 2, hv, true);
                 store_row(
                     out.at(&[chunk.start + i, hv]),
                     out.dtype,

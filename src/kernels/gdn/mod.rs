@@ -34,7 +34,10 @@ use crate::runtime::{Context, Isa};
 pub(crate) const CHUNK: usize = 64;
 
 /// Sequences shorter than this take the recurrence even in prefill (measured crossover).
-pub(crate) const RECURRENT_MAX_LEN: usize = 32;
+pub(crate) const RECURRENT_MAX_LEN: usize = 24;
+
+/// How many tokens ahead the strided q/k/v/out rows are prefetched.
+pub(crate) const PREFETCH_TOKENS: usize = 8;
 
 /// A strided float (or f32-only) tensor of caller memory: base address, dtype and per-dimension
 /// strides in elements. Built from a validated `View`, so every index inside the validated shape
@@ -288,6 +291,26 @@ pub(crate) fn prefetch(p: *const u8, bytes: usize) {
             // SAFETY: prefetch is a hint; it never faults.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p.wrapping_add(off).cast(),
+                )
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+
+/// Like [`prefetch`], into L2 only (for data needed a while later).
+#[inline(always)]
+pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: prefetch is a hint; it never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
                     p.wrapping_add(off).cast(),
                 )
             };

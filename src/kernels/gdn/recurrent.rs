@@ -31,7 +31,7 @@ unsafe fn load_tokens(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
     };
     for i in 0..len {
         let tok = seq.start + i;
-        args.prefetch_v(tok + 2, hv, false);
+        args.prefetch_v(tok + super::PREFETCH_TOKENS, hv, false);
         unsafe {
             args.load_qk(
                 tok,

@@ -168,6 +168,7 @@ mod tests {
     use crate::runtime::Isa;
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm_avx2(
         m: usize,
         n: usize,

@@ -222,6 +222,7 @@ impl DeltaRule {
         q_row: &mut [f32],
         k_row: &mut [f32],
     ) {
+        self.prefetch_qk(token + PREFETCH_TOKENS, h);
         unsafe {
             load_row(
                 self.q.at(&[token, h]),

@@ -35,6 +35,12 @@
 #define SSMK_ACTIVATION_SILU 1
 
 /**
+ * `flags` bit of ssmk_gated_delta_rule: l2-normalise q and k (`x / sqrt(sum x^2 + l2norm_eps)`)
+ * before use.
+ */
+#define SSMK_GDN_QK_L2NORM 1
+
+/**
  * Success.
  */
 #define SSMK_OK 0
@@ -322,6 +328,125 @@ int32_t ssmk_causal_conv1d_update(const ssmk_context *ctx,
                                   uint32_t activation,
                                   int64_t pad_slot_id,
                                   ssmk_tensor *out);
+
+/**
+ * Computes the gates of Gated DeltaNet for `N` tokens:
+ * `g = -exp(A_log) * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
+ * `softplus(x) = log1p(exp(softplus_beta * x)) / softplus_beta`, or `x` when
+ * `softplus_beta * x > softplus_threshold` (vLLM uses beta 1, threshold 20).
+ *
+ * Arithmetic in f32; `beta` is rounded to its dtype (nearest even). Thread-safe; the outputs are
+ * written only after every argument has been checked.
+ *
+ * @param ctx                context, or NULL for the process default.
+ * @param a_log              `[HV]` f32/bf16/f16.
+ * @param a                  `[N, HV]` f32/bf16/f16.
+ * @param b                  `[N, HV]` f32/bf16/f16.
+ * @param dt_bias            `[HV]` f32/bf16/f16.
+ * @param softplus_beta      > 0 and finite.
+ * @param softplus_threshold not NaN.
+ * @param g                  `[N, HV]` f32, written; must not overlap any input, `beta` or itself.
+ * @param beta               `[N, HV]` f32/bf16/f16, written; must not overlap any input, `g` or itself.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       a descriptor is NULL, or non-empty with NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   a shape, stride or scalar is inconsistent.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+ *
+ * # Safety
+ * Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_gdn_gating(const ssmk_context *ctx,
+                        const ssmk_tensor *a_log,
+                        const ssmk_tensor *a,
+                        const ssmk_tensor *b,
+                        const ssmk_tensor *dt_bias,
+                        float softplus_beta,
+                        float softplus_threshold,
+                        ssmk_tensor *g,
+                        ssmk_tensor *beta);
+
+/**
+ * Runs the Gated DeltaNet recurrence over a batch that may mix decodes (length-1 sequences),
+ * prefills of any length and speculative-decode sequences, updating a state pool in place.
+ *
+ * Per sequence and v-head `hv` (q/k head `hv / (HV/H)`), per token `t` with `a_t = exp(g_t)`:
+ * `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
+ * where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. Long sequences use
+ * the chunked WY form (chunks of 64 tokens), short ones the recurrence; both agree with the
+ * per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
+ * state is rounded once per sequence (once per token in speculative mode). Results are bitwise
+ * identical for any thread count, and a sequence's results do not depend on the others in the call.
+ *
+ * Sequences and slots: sequence `b` owns tokens `cu_seqlens[b] .. cu_seqlens[b+1]` (NULL: one
+ * sequence of all T tokens); tokens outside every sequence are not touched. Its slot is
+ * `state_indices[b]` (NULL: slot `b`); a slot equal to `pad_slot_id` marks a padded sequence:
+ * its output rows are zeros and no state is read or written. It starts from its slot's state when
+ * `has_initial_state[b]` is non-zero, else from zeros (NULL: zeros for all). Its final state is
+ * written to its slot; a zero-length sequence writes its initial state back (zeros without one).
+ * `state` NULL: every sequence starts from zeros and nothing is written (`has_initial_state`
+ * must then be NULL or all false).
+ *
+ * Speculative mode (`num_accepted_tokens` non-NULL; `state_indices` `[B, Smax]` required): with
+ * `n = num_accepted_tokens[b]` in `[0, Smax]`, the initial state is read from slot
+ * `state_indices[b][max(n-1, 0)]` (if `has_initial_state[b]`) and the state after token `t` is
+ * written to slot `state_indices[b][t]`; the sequence must have at most Smax tokens. It is padded
+ * when `state_indices[b][0] == pad_slot_id`. A zero-length sequence writes nothing. Every written
+ * slot must be distinct, and no sequence may read a slot another sequence writes.
+ *
+ * @param ctx                 context, or NULL for the process default.
+ * @param q                   `[T, H, K]` f32/bf16/f16.
+ * @param k                   `[T, H, K]` f32/bf16/f16.
+ * @param v                   `[T, HV, V]` f32/bf16/f16, `HV % H == 0`.
+ * @param g                   `[T, HV]` f32, log of the per-token decay.
+ * @param beta                `[T, HV]` f32/bf16/f16.
+ * @param scale               output scale; `<= 0` selects `1/sqrt(K)`. Must be finite.
+ * @param state               `[S, HV, K, V]` f32/bf16/f16 (`[k][v]` order), read and written in
+ *                            place, or NULL. Must not overlap any other tensor or itself.
+ * @param cu_seqlens          `[B+1]` int32/int64 token offsets, non-decreasing, within `[0, T]`; or NULL.
+ * @param state_indices       `[B]` int32/int64 slots (or `[B, Smax]` in speculative mode); or NULL.
+ * @param has_initial_state   `[B]` bool/uint8/int32/int64; or NULL (all false).
+ * @param num_accepted_tokens `[B]` int32/int64, or NULL (not speculative).
+ * @param flags               0 or SSMK_GDN_QK_L2NORM.
+ * @param l2norm_eps          the eps of the l2 norm (finite, >= 0); ignored without the flag.
+ * @param pad_slot_id         slot value marking padded sequences (vLLM: -1).
+ * @param out                 `[T, HV, V]` f32/bf16/f16, written; must not overlap any input,
+ *                            `state` or itself.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or scalar; duplicate slots;
+ *                                     `num_accepted_tokens` or a sequence length outside its range.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+ * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
+ *                                     offset outside `[0, T]`.
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+ * @retval SSMK_ERR_ALLOCATION         scratch memory could not be allocated (nothing written).
+ *
+ * # Safety
+ * Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
+                              const ssmk_tensor *q,
+                              const ssmk_tensor *k,
+                              const ssmk_tensor *v,
+                              const ssmk_tensor *g,
+                              const ssmk_tensor *beta,
+                              float scale,
+                              ssmk_tensor *state,
+                              const ssmk_tensor *cu_seqlens,
+                              const ssmk_tensor *state_indices,
+                              const ssmk_tensor *has_initial_state,
+                              const ssmk_tensor *num_accepted_tokens,
+                              uint32_t flags,
+                              float l2norm_eps,
+                              int64_t pad_slot_id,
+                              ssmk_tensor *out);
 
 /**
  * Copies `n` byte ranges: the same result as `for i in 0..n: memmove(dst[i], src[i], sizes[i])`

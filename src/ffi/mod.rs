@@ -6,6 +6,7 @@ pub(crate) mod guard;
 
 pub mod context;
 pub mod conv;
+pub mod gdn;
 pub mod memory;
 pub mod sequences;
 pub mod short_conv;

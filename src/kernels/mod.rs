@@ -2,5 +2,6 @@
 //! process from the active instruction set; nothing here knows about C descriptors.
 
 pub mod conv;
+pub mod gdn;
 pub mod memory;
 pub mod simd;

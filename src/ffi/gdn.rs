@@ -1,0 +1,661 @@
+//! Exports for Gated DeltaNet: the gating pre-pass and the gated delta rule (ABI.md §4.3–4.4).
+
+use super::context::{resolve, ssmk_context};
+use super::guard::guard;
+use super::sequences::{parse_initial, parse_slots, parse_starts};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::kernels::gdn::gating::{self, Gating};
+use crate::kernels::gdn::{self, DeltaRule, Path, Sequence, StateWrite, Strided};
+use crate::runtime::Isa;
+use crate::tensor::{View, ssmk_tensor};
+use crate::{bail, ensure};
+
+/// `flags` bit of ssmk_gated_delta_rule: l2-normalise q and k (`x / sqrt(sum x^2 + l2norm_eps)`)
+/// before use.
+pub const SSMK_GDN_QK_L2NORM: u32 = 1;
+
+const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+fn strided(v: &View) -> Strided {
+    let mut strides = [0usize; 4];
+    for (d, s) in strides.iter_mut().enumerate().take(v.ndim.min(4)) {
+        *s = v.strides[d];
+    }
+    Strided {
+        ptr: v.ptr,
+        dtype: v.dtype,
+        strides,
+    }
+}
+
+/// A float tensor of exactly `shape`; `what` names each dimension for the message.
+fn expect_shape(v: &View, shape: &[usize], what: &[&str], dtypes: &[DType]) -> Result<()> {
+    v.expect_ndim(shape.len())?;
+    for (d, (&n, w)) in shape.iter().zip(what).enumerate() {
+        v.expect_dim(d, n, w)?;
+    }
+    v.expect_dtype(dtypes)
+}
+
+/// Computes the gates of Gated DeltaNet for `N` tokens:
+/// `g = -exp(A_log) * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
+/// `softplus(x) = log1p(exp(softplus_beta * x)) / softplus_beta`, or `x` when
+/// `softplus_beta * x > softplus_threshold` (vLLM uses beta 1, threshold 20).
+///
+/// Arithmetic in f32; `beta` is rounded to its dtype (nearest even). Thread-safe; the outputs are
+/// written only after every argument has been checked.
+///
+/// @param ctx                context, or NULL for the process default.
+/// @param a_log              `[HV]` f32/bf16/f16.
+/// @param a                  `[N, HV]` f32/bf16/f16.
+/// @param b                  `[N, HV]` f32/bf16/f16.
+/// @param dt_bias            `[HV]` f32/bf16/f16.
+/// @param softplus_beta      > 0 and finite.
+/// @param softplus_threshold not NaN.
+/// @param g                  `[N, HV]` f32, written; must not overlap any input, `beta` or itself.
+/// @param beta               `[N, HV]` f32/bf16/f16, written; must not overlap any input, `g` or itself.
+/// @retval SSMK_OK                     done.
+/// @retval SSMK_ERR_NULL_POINTER       a descriptor is NULL, or non-empty with NULL data.
+/// @retval SSMK_ERR_INVALID_ARGUMENT   a shape, stride or scalar is inconsistent.
+/// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+/// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+/// @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+/// @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+///
+/// # Safety
+/// Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+#[must_use]
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ssmk_gdn_gating(
+    ctx: *const ssmk_context,
+    a_log: *const ssmk_tensor,
+    a: *const ssmk_tensor,
+    b: *const ssmk_tensor,
+    dt_bias: *const ssmk_tensor,
+    softplus_beta: f32,
+    softplus_threshold: f32,
+    g: *mut ssmk_tensor,
+    beta: *mut ssmk_tensor,
+) -> i32 {
+    guard(|| unsafe {
+        gating_impl(
+            ctx,
+            a_log,
+            a,
+            b,
+            dt_bias,
+            softplus_beta,
+            softplus_threshold,
+            g,
+            beta,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn gating_impl(
+    ctx: *const ssmk_context,
+    a_log: *const ssmk_tensor,
+    a: *const ssmk_tensor,
+    b: *const ssmk_tensor,
+    dt_bias: *const ssmk_tensor,
+    softplus_beta: f32,
+    softplus_threshold: f32,
+    g: *mut ssmk_tensor,
+    beta: *mut ssmk_tensor,
+) -> Result<()> {
+    let ctx = unsafe { resolve(ctx) };
+    let a_log = unsafe { View::required("A_log", a_log) }?;
+    let a = unsafe { View::required("a", a) }?;
+    let b = unsafe { View::required("b", b) }?;
+    let dt_bias = unsafe { View::required("dt_bias", dt_bias) }?;
+    let g = unsafe { View::required("g", g) }?;
+    let beta = unsafe { View::required("beta", beta) }?;
+    a_log.expect_ndim(1)?;
+    a_log.expect_dtype(&FLOATS)?;
+    let heads = a_log.shape[0];
+    a.expect_ndim(2)?;
+    let rows = a.shape[0];
+    expect_shape(&a, &[rows, heads], &["N", "HV = A_log.shape[0]"], &FLOATS)?;
+    expect_shape(
+        &b,
+        &[rows, heads],
+        &["N = a.shape[0]", "HV = A_log.shape[0]"],
+        &FLOATS,
+    )?;
+    expect_shape(&dt_bias, &[heads], &["HV = A_log.shape[0]"], &FLOATS)?;
+    expect_shape(
+        &g,
+        &[rows, heads],
+        &["N = a.shape[0]", "HV = A_log.shape[0]"],
+        &[DType::F32],
+    )?;
+    expect_shape(
+        &beta,
+        &[rows, heads],
+        &["N = a.shape[0]", "HV = A_log.shape[0]"],
+        &FLOATS,
+    )?;
+    ensure!(
+        softplus_beta.is_finite() && softplus_beta > 0.0,
+        InvalidArgument,
+        "softplus_beta = {softplus_beta}, expected a finite value > 0"
+    );
+    ensure!(
+        !softplus_threshold.is_nan(),
+        InvalidArgument,
+        "softplus_threshold = NaN, expected a number"
+    );
+    for out in [&g, &beta] {
+        out.expect_no_self_overlap()?;
+        for input in [&a_log, &a, &b, &dt_bias] {
+            out.expect_disjoint(input)?;
+        }
+    }
+    g.expect_disjoint(&beta)?;
+    let args = Gating {
+        rows,
+        heads,
+        a_log: strided(&a_log),
+        a: strided(&a),
+        b: strided(&b),
+        dt_bias: strided(&dt_bias),
+        softplus_beta,
+        softplus_threshold,
+        g: strided(&g),
+        beta: strided(&beta),
+    };
+    // SAFETY: every index in [N, HV] / [HV] is inside the validated views; outputs are disjoint.
+    unsafe { gating::gdn_gating(ctx, &args) };
+    Ok(())
+}
+
+/// Runs the Gated DeltaNet recurrence over a batch that may mix decodes (length-1 sequences),
+/// prefills of any length and speculative-decode sequences, updating a state pool in place.
+///
+/// Per sequence and v-head `hv` (q/k head `hv / (HV/H)`), per token `t` with `a_t = exp(g_t)`:
+/// `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
+/// where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. Long sequences use
+/// the chunked WY form (chunks of 64 tokens), short ones the recurrence; both agree with the
+/// per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
+/// state is rounded once per sequence (once per token in speculative mode). Results are bitwise
+/// identical for any thread count, and a sequence's results do not depend on the others in the call.
+///
+/// Sequences and slots: sequence `b` owns tokens `cu_seqlens[b] .. cu_seqlens[b+1]` (NULL: one
+/// sequence of all T tokens); tokens outside every sequence are not touched. Its slot is
+/// `state_indices[b]` (NULL: slot `b`); a slot equal to `pad_slot_id` marks a padded sequence:
+/// its output rows are zeros and no state is read or written. It starts from its slot's state when
+/// `has_initial_state[b]` is non-zero, else from zeros (NULL: zeros for all). Its final state is
+/// written to its slot; a zero-length sequence writes its initial state back (zeros without one).
+/// `state` NULL: every sequence starts from zeros and nothing is written (`has_initial_state`
+/// must then be NULL or all false).
+///
+/// Speculative mode (`num_accepted_tokens` non-NULL; `state_indices` `[B, Smax]` required): with
+/// `n = num_accepted_tokens[b]` in `[0, Smax]`, the initial state is read from slot
+/// `state_indices[b][max(n-1, 0)]` (if `has_initial_state[b]`) and the state after token `t` is
+/// written to slot `state_indices[b][t]`; the sequence must have at most Smax tokens. It is padded
+/// when `state_indices[b][0] == pad_slot_id`. A zero-length sequence writes nothing. Every written
+/// slot must be distinct, and no sequence may read a slot another sequence writes.
+///
+/// @param ctx                 context, or NULL for the process default.
+/// @param q                   `[T, H, K]` f32/bf16/f16.
+/// @param k                   `[T, H, K]` f32/bf16/f16.
+/// @param v                   `[T, HV, V]` f32/bf16/f16, `HV % H == 0`.
+/// @param g                   `[T, HV]` f32, log of the per-token decay.
+/// @param beta                `[T, HV]` f32/bf16/f16.
+/// @param scale               output scale; `<= 0` selects `1/sqrt(K)`. Must be finite.
+/// @param state               `[S, HV, K, V]` f32/bf16/f16 (`[k][v]` order), read and written in
+///                            place, or NULL. Must not overlap any other tensor or itself.
+/// @param cu_seqlens          `[B+1]` int32/int64 token offsets, non-decreasing, within `[0, T]`; or NULL.
+/// @param state_indices       `[B]` int32/int64 slots (or `[B, Smax]` in speculative mode); or NULL.
+/// @param has_initial_state   `[B]` bool/uint8/int32/int64; or NULL (all false).
+/// @param num_accepted_tokens `[B]` int32/int64, or NULL (not speculative).
+/// @param flags               0 or SSMK_GDN_QK_L2NORM.
+/// @param l2norm_eps          the eps of the l2 norm (finite, >= 0); ignored without the flag.
+/// @param pad_slot_id         slot value marking padded sequences (vLLM: -1).
+/// @param out                 `[T, HV, V]` f32/bf16/f16, written; must not overlap any input,
+///                            `state` or itself.
+/// @retval SSMK_OK                     done.
+/// @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
+/// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or scalar; duplicate slots;
+///                                     `num_accepted_tokens` or a sequence length outside its range.
+/// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+/// @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
+///                                     offset outside `[0, T]`.
+/// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+/// @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+/// @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+/// @retval SSMK_ERR_ALLOCATION         scratch memory could not be allocated (nothing written).
+///
+/// # Safety
+/// Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+#[must_use]
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ssmk_gated_delta_rule(
+    ctx: *const ssmk_context,
+    q: *const ssmk_tensor,
+    k: *const ssmk_tensor,
+    v: *const ssmk_tensor,
+    g: *const ssmk_tensor,
+    beta: *const ssmk_tensor,
+    scale: f32,
+    state: *mut ssmk_tensor,
+    cu_seqlens: *const ssmk_tensor,
+    state_indices: *const ssmk_tensor,
+    has_initial_state: *const ssmk_tensor,
+    num_accepted_tokens: *const ssmk_tensor,
+    flags: u32,
+    l2norm_eps: f32,
+    pad_slot_id: i64,
+    out: *mut ssmk_tensor,
+) -> i32 {
+    guard(|| unsafe {
+        delta_rule_impl(
+            Isa::active(),
+            Path::Auto,
+            ctx,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale,
+            state,
+            cu_seqlens,
+            state_indices,
+            has_initial_state,
+            num_accepted_tokens,
+            flags,
+            l2norm_eps,
+            pad_slot_id,
+            out,
+        )
+    })
+}
+
+/// `ssmk_gated_delta_rule` with a chosen implementation, for tests and benchmarks:
+/// `Isa::Scalar` runs the f64 per-token reference, higher levels the SIMD paths (capped at what
+/// this CPU supports); `path` can force the recurrence or the chunked form for every sequence.
+///
+/// # Safety
+/// As for `ssmk_gated_delta_rule`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gated_delta_rule_with(
+    isa: Isa,
+    path: Path,
+    ctx: *const ssmk_context,
+    q: *const ssmk_tensor,
+    k: *const ssmk_tensor,
+    v: *const ssmk_tensor,
+    g: *const ssmk_tensor,
+    beta: *const ssmk_tensor,
+    scale: f32,
+    state: *mut ssmk_tensor,
+    cu_seqlens: *const ssmk_tensor,
+    state_indices: *const ssmk_tensor,
+    has_initial_state: *const ssmk_tensor,
+    num_accepted_tokens: *const ssmk_tensor,
+    flags: u32,
+    l2norm_eps: f32,
+    pad_slot_id: i64,
+    out: *mut ssmk_tensor,
+) -> i32 {
+    guard(|| unsafe {
+        delta_rule_impl(
+            isa.min(Isa::detected()),
+            path,
+            ctx,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale,
+            state,
+            cu_seqlens,
+            state_indices,
+            has_initial_state,
+            num_accepted_tokens,
+            flags,
+            l2norm_eps,
+            pad_slot_id,
+            out,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn delta_rule_impl(
+    isa: Isa,
+    path: Path,
+    ctx: *const ssmk_context,
+    q: *const ssmk_tensor,
+    k: *const ssmk_tensor,
+    v: *const ssmk_tensor,
+    g: *const ssmk_tensor,
+    beta: *const ssmk_tensor,
+    scale: f32,
+    state: *mut ssmk_tensor,
+    cu_seqlens: *const ssmk_tensor,
+    state_indices: *const ssmk_tensor,
+    has_initial_state: *const ssmk_tensor,
+    num_accepted_tokens: *const ssmk_tensor,
+    flags: u32,
+    l2norm_eps: f32,
+    pad_slot_id: i64,
+    out: *mut ssmk_tensor,
+) -> Result<()> {
+    let ctx = unsafe { resolve(ctx) };
+    let q = unsafe { View::required("q", q) }?;
+    let k = unsafe { View::required("k", k) }?;
+    let v = unsafe { View::required("v", v) }?;
+    let g = unsafe { View::required("g", g) }?;
+    let beta = unsafe { View::required("beta", beta) }?;
+    let out = unsafe { View::required("out", out) }?;
+    let state = unsafe { View::optional("state", state) }?;
+    let cu_seqlens = unsafe { View::optional("cu_seqlens", cu_seqlens) }?;
+    let state_indices = unsafe { View::optional("state_indices", state_indices) }?;
+    let has_initial_state = unsafe { View::optional("has_initial_state", has_initial_state) }?;
+    let num_accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
+
+    q.expect_ndim(3)?;
+    q.expect_dtype(&FLOATS)?;
+    let (tokens, heads, k_dim) = (q.shape[0], q.shape[1], q.shape[2]);
+    ensure!(
+        heads >= 1,
+        InvalidArgument,
+        "q.shape[1] = 0, expected H >= 1"
+    );
+    ensure!(
+        k_dim >= 1,
+        InvalidArgument,
+        "q.shape[2] = 0, expected K >= 1"
+    );
+    expect_shape(
+        &k,
+        &[tokens, heads, k_dim],
+        &["T = q.shape[0]", "H = q.shape[1]", "K = q.shape[2]"],
+        &FLOATS,
+    )?;
+    v.expect_ndim(3)?;
+    v.expect_dtype(&FLOATS)?;
+    v.expect_dim(0, tokens, "T = q.shape[0]")?;
+    let (v_heads, v_dim) = (v.shape[1], v.shape[2]);
+    ensure!(
+        v_heads >= 1 && v_heads % heads == 0,
+        InvalidArgument,
+        "v.shape[1] = {v_heads}, expected HV >= 1 and a multiple of H = q.shape[1] = {heads}"
+    );
+    ensure!(
+        v_dim >= 1,
+        InvalidArgument,
+        "v.shape[2] = 0, expected V >= 1"
+    );
+    expect_shape(
+        &g,
+        &[tokens, v_heads],
+        &["T = q.shape[0]", "HV = v.shape[1]"],
+        &[DType::F32],
+    )?;
+    expect_shape(
+        &beta,
+        &[tokens, v_heads],
+        &["T = q.shape[0]", "HV = v.shape[1]"],
+        &FLOATS,
+    )?;
+    expect_shape(
+        &out,
+        &[tokens, v_heads, v_dim],
+        &["T = q.shape[0]", "HV = v.shape[1]", "V = v.shape[2]"],
+        &FLOATS,
+    )?;
+    if let Some(st) = &state {
+        st.expect_ndim(4)?;
+        st.expect_dim(1, v_heads, "HV = v.shape[1]")?;
+        st.expect_dim(2, k_dim, "K = q.shape[2]")?;
+        st.expect_dim(3, v_dim, "V = v.shape[2]")?;
+        st.expect_dtype(&FLOATS)?;
+    }
+    ensure!(
+        flags & !SSMK_GDN_QK_L2NORM == 0,
+        InvalidArgument,
+        "flags = {flags:#x}, expected 0 or SSMK_GDN_QK_L2NORM (1)"
+    );
+    ensure!(
+        scale.is_finite(),
+        InvalidArgument,
+        "scale = {scale}, expected a finite value (<= 0 selects 1/sqrt(K))"
+    );
+    let l2norm = flags & SSMK_GDN_QK_L2NORM != 0;
+    if l2norm {
+        ensure!(
+            l2norm_eps.is_finite() && l2norm_eps >= 0.0,
+            InvalidArgument,
+            "l2norm_eps = {l2norm_eps}, expected a finite value >= 0"
+        );
+    }
+    // Outputs: each element once, and never memory another tensor of the call uses.
+    out.expect_no_self_overlap()?;
+    for input in [&q, &k, &v, &g, &beta] {
+        out.expect_disjoint(input)?;
+    }
+    if let Some(st) = &state {
+        st.expect_no_self_overlap()?;
+        for input in [&q, &k, &v, &g, &beta, &out] {
+            st.expect_disjoint(input)?;
+        }
+    }
+
+    let starts = parse_starts("cu_seqlens", cu_seqlens.as_ref(), tokens)?;
+    let batch = starts.len() - 1;
+    let initial = parse_initial(has_initial_state.as_ref(), batch)?;
+    let num_slots = state.as_ref().map(|s| s.shape[0]);
+    if num_slots.is_none()
+        && let Some(b) = initial.iter().position(|&x| x)
+    {
+        bail!(
+            InvalidArgument,
+            "has_initial_state[{b}] is true but state is NULL, expected a state pool to read"
+        );
+    }
+    let lens: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    let sequences = match &num_accepted {
+        None => {
+            if let Some(idx) = &state_indices {
+                ensure!(
+                    idx.ndim == 1,
+                    InvalidArgument,
+                    "state_indices.ndim = {}, expected 1 ([B]) without num_accepted_tokens",
+                    idx.ndim
+                );
+            }
+            let slots = parse_slots(
+                "state_indices",
+                state_indices.as_ref(),
+                batch,
+                pad_slot_id,
+                num_slots,
+            )?;
+            (0..batch)
+                .map(|b| match slots[b] {
+                    None => Sequence {
+                        start: starts[b],
+                        len: lens[b],
+                        padded: true,
+                        read: None,
+                        write: StateWrite::Nothing,
+                    },
+                    Some(slot) => Sequence {
+                        start: starts[b],
+                        len: lens[b],
+                        padded: false,
+                        read: initial[b].then_some(slot),
+                        write: if num_slots.is_some() {
+                            StateWrite::Final(slot)
+                        } else {
+                            StateWrite::Nothing
+                        },
+                    },
+                })
+                .collect()
+        }
+        Some(accepted) => {
+            let accepted = accepted.read_indices(batch, "number of sequences B")?;
+            let Some(idx) = &state_indices else {
+                bail!(
+                    NullPointer,
+                    "state_indices is NULL, expected a [B, Smax] slot table with num_accepted_tokens"
+                );
+            };
+            idx.expect_ndim(2)?;
+            idx.expect_dim(0, batch, "number of sequences B")?;
+            speculative_sequences(idx, &starts, &accepted, &initial, pad_slot_id, num_slots)?
+        }
+    };
+
+    let scale = if scale <= 0.0 {
+        1.0 / (k_dim as f32).sqrt()
+    } else {
+        scale
+    };
+    let args = DeltaRule {
+        tokens,
+        heads,
+        v_heads,
+        k_dim,
+        v_dim,
+        q: strided(&q),
+        k: strided(&k),
+        v: strided(&v),
+        g: strided(&g),
+        beta: strided(&beta),
+        out: strided(&out),
+        state: state.as_ref().map(strided),
+        scale,
+        l2norm_eps: l2norm.then_some(l2norm_eps),
+        sequences,
+    };
+    // SAFETY: all shapes, slots and overlaps were checked above.
+    unsafe { gdn::gated_delta_rule(ctx, isa, path, &args) }
+}
+
+/// Speculative mode: reads `[B, Smax]` and checks every slot the call will read or write.
+fn speculative_sequences(
+    idx: &View,
+    starts: &[usize],
+    accepted: &[i64],
+    initial: &[bool],
+    pad_slot_id: i64,
+    num_slots: Option<usize>,
+) -> Result<Vec<Sequence>> {
+    let batch = accepted.len();
+    let smax = idx.shape[1];
+    ensure!(
+        smax >= 1 || batch == 0,
+        InvalidArgument,
+        "state_indices.shape[1] = 0, expected Smax >= 1 slots per sequence"
+    );
+    let table = idx.read_indices_2d()?;
+    let mut sequences = Vec::with_capacity(batch);
+    // (slot, sequence, token) of every state the call writes.
+    let mut writes: Vec<(usize, usize, usize)> = Vec::new();
+    for b in 0..batch {
+        let (start, len) = (starts[b], starts[b + 1] - starts[b]);
+        let row = &table[b * smax..(b + 1) * smax];
+        let n = accepted[b];
+        ensure!(
+            (0..=smax as i64).contains(&n),
+            InvalidArgument,
+            "num_accepted_tokens[{b}] = {n}, expected 0 <= n <= Smax = state_indices.shape[1] = {smax}"
+        );
+        ensure!(
+            len <= smax,
+            InvalidArgument,
+            "sequence {b} has {len} tokens (cu_seqlens[{}] - cu_seqlens[{b}]), expected <= Smax = state_indices.shape[1] = {smax}",
+            b + 1
+        );
+        if row[0] == pad_slot_id {
+            sequences.push(Sequence {
+                start,
+                len,
+                padded: true,
+                read: None,
+                write: StateWrite::Nothing,
+            });
+            continue;
+        }
+        let Some(num_slots) = num_slots else {
+            sequences.push(Sequence {
+                start,
+                len,
+                padded: false,
+                read: None,
+                write: StateWrite::Nothing,
+            });
+            continue;
+        };
+        let check = |col: usize, role: &str| -> Result<usize> {
+            let s = row[col];
+            ensure!(
+                s >= 0 && (s as u64) < num_slots as u64,
+                OutOfBounds,
+                "state_indices[{b}][{col}] = {s} ({role}), expected 0 <= slot < {num_slots} (state slots)"
+            );
+            Ok(s as usize)
+        };
+        let read = if initial[b] {
+            let col = (n - 1).max(0) as usize;
+            Some(check(
+                col,
+                &format!("read slot for num_accepted_tokens[{b}] = {n}"),
+            )?)
+        } else {
+            None
+        };
+        let mut slots = Vec::with_capacity(len);
+        for t in 0..len {
+            let s = check(t, &format!("written after token {t}"))?;
+            writes.push((s, b, t));
+            slots.push(s);
+        }
+        sequences.push(Sequence {
+            start,
+            len,
+            padded: false,
+            read,
+            write: StateWrite::PerToken(slots),
+        });
+    }
+    writes.sort_unstable();
+    for w in writes.windows(2) {
+        if w[0].0 == w[1].0 {
+            bail!(
+                InvalidArgument,
+                "state_indices[{}][{}] = state_indices[{}][{}] = {}, expected distinct slots for the states written",
+                w[0].1,
+                w[0].2,
+                w[1].1,
+                w[1].2,
+                w[0].0
+            );
+        }
+    }
+    for (b, seq) in sequences.iter().enumerate() {
+        if let Some(r) = seq.read {
+            let first = writes.partition_point(|w| w.0 < r);
+            if let Some(&(s, other, t)) = writes.get(first)
+                && s == r
+                && other != b
+            {
+                bail!(
+                    InvalidArgument,
+                    "sequence {b} reads slot {r}, which sequence {other} writes (state_indices[{other}][{t}]), expected distinct slots"
+                );
+            }
+        }
+    }
+    Ok(sequences)
+}

@@ -1,0 +1,76 @@
+//! `g = -exp(A_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)` (ABI.md §4.3): elementwise over
+//! `[N, HV]`, parallel over blocks of rows. O(N * HV) work next to the O(N * HV * K * V) delta rule,
+//! so plain f32 with libm-accurate `exp`/`ln_1p` is fast enough and exact enough.
+
+use super::{Strided, read_f32, write_f32};
+use crate::dtype::DType;
+use crate::runtime::Context;
+
+/// A validated `ssmk_gdn_gating` call: `A_log`, `dt_bias` `[HV]`; `a`, `b`, `g` (f32), `beta` `[N, HV]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Gating {
+    pub rows: usize,
+    pub heads: usize,
+    pub a_log: Strided,
+    pub a: Strided,
+    pub b: Strided,
+    pub dt_bias: Strided,
+    pub softplus_beta: f32,
+    pub softplus_threshold: f32,
+    pub g: Strided,
+    pub beta: Strided,
+}
+
+/// Rows per task: enough work to pay for a task, few enough to share among threads.
+const ROWS_PER_TASK: usize = 64;
+
+/// `log1p(exp(beta x)) / beta`, or `x` once `beta x` exceeds the threshold.
+#[inline]
+pub fn softplus(x: f32, beta: f32, threshold: f32) -> f32 {
+    let bx = beta * x;
+    if bx > threshold {
+        x
+    } else {
+        bx.exp().ln_1p() / beta
+    }
+}
+
+/// Sigmoid that never overflows: `1 / (1 + e^-x)` for `x >= 0`, `e^x / (1 + e^x)` below.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// # Safety
+/// `args` must describe validated memory; `g` and `beta` must not overlap the inputs or each other.
+pub unsafe fn gdn_gating(ctx: &Context, args: &Gating) {
+    let heads = args.heads;
+    // Per-head constants once.
+    let neg_a: Vec<f32> = (0..heads)
+        .map(|h| -unsafe { read_f32(args.a_log.at(&[h]), args.a_log.dtype) }.exp())
+        .collect();
+    let bias: Vec<f32> = (0..heads)
+        .map(|h| unsafe { read_f32(args.dt_bias.at(&[h]), args.dt_bias.dtype) })
+        .collect();
+    let tasks = args.rows.div_ceil(ROWS_PER_TASK);
+    ctx.for_each(tasks, |task| {
+        let rows = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(args.rows);
+        for n in rows {
+            for h in 0..heads {
+                // SAFETY: (n, h) lies in the validated [N, HV]; each row is written by one task.
+                unsafe {
+                    let a = read_f32(args.a.at(&[n, h]), args.a.dtype);
+                    let b = read_f32(args.b.at(&[n, h]), args.b.dtype);
+                    let sp = softplus(a + bias[h], args.softplus_beta, args.softplus_threshold);
+                    write_f32(args.g.at(&[n, h]), DType::F32, neg_a[h] * sp);
+                    write_f32(args.beta.at(&[n, h]), args.beta.dtype, sigmoid(b));
+                }
+            }
+        }
+    });
+}

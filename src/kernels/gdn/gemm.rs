@@ -1,0 +1,299 @@
+//! Register-blocked f32 GEMM for the small fixed shapes of the chunked form (64x64, 64xK, KxV):
+//! `C (+)= A B` with `A` addressed through row and column strides (so a transposed operand costs
+//! nothing: its elements are broadcast one by one) and `B`, `C` row-major. The micro-tile is
+//! `MR` rows x `2 * LANES` columns (6 x 16 on AVX2: 12 accumulators, 2 B vectors, 1 broadcast).
+
+use crate::kernels::simd::Simd;
+
+const MR: usize = 6;
+
+/// `A` element `(i, l)` lives at `ptr + i * row_stride + l * col_stride`.
+#[derive(Clone, Copy)]
+pub struct MatA {
+    pub ptr: *const f32,
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+/// `C[m x n] = (accumulate ? C : 0) + A[m x p] B[p x n]`. With `lower`, `A[i][l]` is zero for
+/// `l > i` and those products are skipped (the zeros must still be stored for `l < p`).
+///
+/// # Safety
+/// Every addressed element of A (`i < m`, `l < p`), B (`l < p`, `j < n`, row stride `ldb`) and
+/// C (`i < m`, `j < n`, row stride `ldc`) must be valid; C must not overlap A or B.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm<S: Simd>(
+    m: usize,
+    n: usize,
+    p: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lower: bool,
+) {
+    let lanes = S::LANES;
+    let mut j = 0;
+    unsafe {
+        while j + 2 * lanes <= n {
+            rows::<S, 2>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
+            j += 2 * lanes;
+        }
+        if j + lanes <= n {
+            rows::<S, 1>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
+            j += lanes;
+        }
+        if j < n {
+            scalar_columns(m, n - j, p, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows<S: Simd, const NV: usize>(
+    m: usize,
+    p: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lower: bool,
+) {
+    let mut i = 0;
+    while i < m {
+        let mr = MR.min(m - i);
+        let depth = if lower { p.min(i + mr) } else { p };
+        let a_i = MatA {
+            ptr: a.ptr.wrapping_add(i * a.row_stride),
+            ..a
+        };
+        let c_i = c.wrapping_add(i * ldc);
+        unsafe {
+            match mr {
+                6 => tile::<S, 6, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
+                5 => tile::<S, 5, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
+                4 => tile::<S, 4, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
+                3 => tile::<S, 3, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
+                2 => tile::<S, 2, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
+                _ => tile::<S, 1, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
+            }
+        }
+        i += mr;
+    }
+}
+
+/// One `R x NV*LANES` block of C over `depth` terms, accumulators in registers.
+#[inline(always)]
+unsafe fn tile<S: Simd, const R: usize, const NV: usize>(
+    depth: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    let lanes = S::LANES;
+    unsafe {
+        let mut acc = [[S::zero(); NV]; R];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = S::load_f32(c.add(r * ldc + v * lanes));
+                }
+            }
+        }
+        let mut ap = a.ptr;
+        let mut bp = b;
+        for _ in 0..depth {
+            let mut bv = [S::zero(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = S::load_f32(bp.add(v * lanes));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = S::splat(*ap.add(r * a.row_stride));
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = S::fma(av, bv[v], *x);
+                }
+            }
+            ap = ap.add(a.col_stride);
+            bp = bp.add(ldb);
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                S::store_f32(c.add(r * ldc + v * lanes), *x);
+            }
+        }
+    }
+}
+
+/// The last `n < LANES` columns, one dot product each.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_columns(
+    m: usize,
+    n: usize,
+    p: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    for i in 0..m {
+        for j in 0..n {
+            unsafe {
+                let mut s = if accumulate { *c.add(i * ldc + j) } else { 0.0 };
+                for l in 0..p {
+                    s = (*a.ptr.add(i * a.row_stride + l * a.col_stride))
+                        .mul_add(*b.add(l * ldb + j), s);
+                }
+                *c.add(i * ldc + j) = s;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::simd::Avx2;
+    use crate::runtime::Isa;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_avx2(
+        m: usize,
+        n: usize,
+        p: usize,
+        a: MatA,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+        lower: bool,
+    ) {
+        unsafe { gemm::<Avx2>(m, n, p, a, b, ldb, c, ldc, acc, lower) }
+    }
+
+    /// Every shape class (full tiles, row/column remainders, transposed A, lower A) against a plain
+    /// triple loop.
+    #[test]
+    fn matches_naive() {
+        if !Isa::supported().contains(&Isa::Avx2) {
+            return;
+        }
+        for &(m, n, p) in &[
+            (64, 128, 128),
+            (13, 37, 9),
+            (1, 8, 1),
+            (7, 16, 64),
+            (64, 64, 64),
+            (5, 3, 2),
+        ] {
+            for (transposed, lower, acc) in [
+                (false, false, false),
+                (true, false, true),
+                (false, true, true),
+            ] {
+                let a: Vec<f32> = (0..m * p.max(m))
+                    .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+                    .collect();
+                let b: Vec<f32> = (0..p * n)
+                    .map(|i| ((i * 104729) % 89) as f32 / 89.0 - 0.5)
+                    .collect();
+                let c0: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32).collect();
+                let mat = if transposed {
+                    MatA {
+                        ptr: a.as_ptr(),
+                        row_stride: 1,
+                        col_stride: m,
+                    }
+                } else {
+                    MatA {
+                        ptr: a.as_ptr(),
+                        row_stride: p,
+                        col_stride: 1,
+                    }
+                };
+                let at = |i: usize, l: usize| {
+                    if lower && l > i {
+                        0.0
+                    } else {
+                        a[i * mat.row_stride + l * mat.col_stride]
+                    }
+                };
+                let mut a_masked = a.clone();
+                if lower {
+                    for i in 0..m {
+                        for l in i + 1..p {
+                            a_masked[i * p + l] = 0.0;
+                        }
+                    }
+                }
+                let mat = MatA {
+                    ptr: a_masked.as_ptr(),
+                    ..mat
+                };
+                let mut c = c0.clone();
+                unsafe { gemm_avx2(m, n, p, mat, b.as_ptr(), n, c.as_mut_ptr(), n, acc, lower) };
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f32 = (0..p).map(|l| at(i, l) * b[l * n + j]).sum::<f32>()
+                            + if acc { c0[i * n + j] } else { 0.0 };
+                        assert!(
+                            (c[i * n + j] - want).abs() < 1e-4,
+                            "{m}x{n}x{p} t{transposed} l{lower}: [{i}][{j}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Throughput of the 64 x 128 x 128 shape (`cargo test --release gemm_speed -- --ignored`).
+    #[test]
+    #[ignore]
+    fn gemm_speed() {
+        let (m, n, p) = (64, 128, 128);
+        let a = vec![0.5f32; m * p];
+        let b = vec![0.25f32; p * n];
+        let mut c = vec![0f32; m * n];
+        let reps = 20_000;
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            unsafe {
+                gemm_avx2(
+                    m,
+                    n,
+                    p,
+                    MatA {
+                        ptr: a.as_ptr(),
+                        row_stride: p,
+                        col_stride: 1,
+                    },
+                    b.as_ptr(),
+                    n,
+                    c.as_mut_ptr(),
+                    n,
+                    true,
+                    false,
+                )
+            };
+        }
+        let s = t0.elapsed().as_secs_f64();
+        println!(
+            "gemm 64x128x128: {:.1} GFLOP/s",
+            (2 * m * n * p * reps) as f64 / s / 1e9
+        );
+        std::hint::black_box(&c);
+    }
+}

@@ -1,0 +1,364 @@
+//! The per-token recurrence in f32 SIMD, for decodes, speculative sequences and short prefills.
+//!
+//! Each column `v` of the state evolves on its own (`kv`, `delta` and the update of column `v`
+//! only involve column `v`), so one task per (sequence, v-head) walks the columns in blocks of
+//! `2 * LANES`: it loads the `K x 2*LANES` block once (L1-resident), runs every token over it and
+//! stores it once: the state is streamed from memory exactly once per call (once per token written
+//! in speculative mode). Partial or strided blocks go through a zero-padded buffer, so the SIMD
+//! body never reads or writes outside the tensors.
+
+use super::{DeltaRule, Sequence, StateWrite, load_row, store_row, write_f32};
+use crate::kernels::simd::{Simd, SimdElement};
+
+/// Per-token inputs of one (sequence, v-head), converted to f32 once.
+struct Tokens {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    decay: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+unsafe fn load_tokens(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
+    let (kd, vd, len) = (args.k_dim, args.v_dim, seq.len);
+    let h = args.qk_head(hv);
+    let mut t = Tokens {
+        q: vec![0.0; len * kd],
+        k: vec![0.0; len * kd],
+        v: vec![0.0; len * vd],
+        decay: vec![0.0; len],
+        beta: vec![0.0; len],
+    };
+    for i in 0..len {
+        let tok = seq.start + i;
+        args.prefetch_v(tok + super::PREFETCH_TOKENS, hv, false);
+        unsafe {
+            args.load_qk(
+                tok,
+                h,
+                &mut t.q[i * kd..(i + 1) * kd],
+                &mut t.k[i * kd..(i + 1) * kd],
+            );
+            load_row(
+                args.v.at(&[tok, hv]),
+                args.v.dtype,
+                args.v.strides[2],
+                &mut t.v[i * vd..(i + 1) * vd],
+            );
+            let (g, b) = args.gate(tok, hv);
+            t.decay[i] = g.exp();
+            t.beta[i] = b;
+        }
+    }
+    t
+}
+
+/// Loads the whole `[K, V]` state of `slot` into column blocks: block `b` holds columns
+/// `b*W .. b*W+W` (W = `2*LANES`) as `K x W` rows, zero-padded past `V`. Rows are read in memory
+/// order, so the hardware prefetcher streams the slot.
+#[inline(always)]
+unsafe fn load_state<S: Simd, St: SimdElement>(
+    args: &DeltaRule,
+    slot: usize,
+    hv: usize,
+    blocks: &mut [f32],
+) {
+    let st = args
+        .state
+        .as_ref()
+        .expect("state slot without a state tensor");
+    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
+    let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
+    let row_bytes = vd * st.dtype.size();
+    for r in 0..kd {
+        // Prefetch four rows ahead: the hardware prefetchers stop at page boundaries.
+        #[cfg(target_arch = "x86_64")]
+        if st.strides[3] == 1 && r + 4 < kd {
+            let ahead = st.at(&[slot, hv, r + 4, 0]);
+            let mut off = 0;
+            while off < row_bytes {
+                // SAFETY: a prefetch of an address inside the slot never faults.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        ahead.add(off).cast(),
+                    )
+                };
+                off += 64;
+            }
+        }
+        let mut v0 = 0;
+        while v0 < vd {
+            let width = w.min(vd - v0);
+            let src = st.at(&[slot, hv, r, v0]);
+            let dst = &mut blocks[((v0 / w) * kd + r) * w..][..w];
+            unsafe {
+                if contiguous && width == w {
+                    S::store_f32(dst.as_mut_ptr(), St::load::<S>(src.cast()));
+                    S::store_f32(
+                        dst.as_mut_ptr().add(S::LANES),
+                        St::load::<S>(src.cast::<St>().add(S::LANES)),
+                    );
+                } else {
+                    load_row(src, st.dtype, st.strides[3], &mut dst[..width]);
+                    dst[width..].iter_mut().for_each(|x| *x = 0.0);
+                }
+            }
+            v0 += w;
+        }
+    }
+}
+
+/// Stores column blocks `first..end` (see [`load_state`]) to `slot`, rounding to the state dtype.
+#[inline(always)]
+unsafe fn store_state<S: Simd, St: SimdElement>(
+    args: &DeltaRule,
+    slot: usize,
+    hv: usize,
+    blocks: &[f32],
+    first: usize,
+    end: usize,
+) {
+    let st = args
+        .state
+        .as_ref()
+        .expect("state slot without a state tensor");
+    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
+    let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
+    for r in 0..kd {
+        for b in first..end {
+            let v0 = b * w;
+            let width = w.min(vd - v0);
+            let dst = st.at(&[slot, hv, r, v0]);
+            let src = &blocks[(b * kd + r) * w..][..w];
+            unsafe {
+                if contiguous && width == w {
+                    St::store::<S>(dst.cast(), S::load_f32(src.as_ptr()));
+                    St::store::<S>(
+                        dst.cast::<St>().add(S::LANES),
+                        S::load_f32(src.as_ptr().add(S::LANES)),
+                    );
+                } else {
+                    store_row(dst, st.dtype, st.strides[3], &src[..width]);
+                }
+            }
+        }
+    }
+}
+
+/// One token over one column block: `kv = a S^T k`, `delta = beta (v - kv)`,
+/// `S = a S + k delta^T`, `o = S^T q` (q carries the scale). Two accumulators per vector (even and
+/// odd rows) hide the FMA latency; the order is fixed, so results are deterministic.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn token<S: Simd>(
+    block: &mut [f32],
+    kd: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32; 32],
+    decay: f32,
+    beta: f32,
+    o: &mut [f32; 32],
+) {
+    let l = S::LANES;
+    let w = 2 * l;
+    unsafe {
+        let p = block.as_mut_ptr();
+        let mut kv = [S::zero(); 4];
+        let mut r = 0;
+        while r + 2 <= kd {
+            let (k0, k1) = (S::splat(k[r]), S::splat(k[r + 1]));
+            let (row0, row1) = (p.add(r * w), p.add((r + 1) * w));
+            kv[0] = S::fma(S::load_f32(row0), k0, kv[0]);
+            kv[1] = S::fma(S::load_f32(row0.add(l)), k0, kv[1]);
+            kv[2] = S::fma(S::load_f32(row1), k1, kv[2]);
+            kv[3] = S::fma(S::load_f32(row1.add(l)), k1, kv[3]);
+            r += 2;
+        }
+        if r < kd {
+            let k0 = S::splat(k[r]);
+            let row0 = p.add(r * w);
+            kv[0] = S::fma(S::load_f32(row0), k0, kv[0]);
+            kv[1] = S::fma(S::load_f32(row0.add(l)), k0, kv[1]);
+        }
+        let a = S::splat(decay);
+        let b = S::splat(beta);
+        // delta = beta * (v - a * kv)
+        let d0 = S::mul(
+            b,
+            S::sub(S::load_f32(v.as_ptr()), S::mul(a, S::add(kv[0], kv[2]))),
+        );
+        let d1 = S::mul(
+            b,
+            S::sub(
+                S::load_f32(v.as_ptr().add(l)),
+                S::mul(a, S::add(kv[1], kv[3])),
+            ),
+        );
+        let mut acc = [S::zero(); 4];
+        let mut r = 0;
+        while r < kd {
+            let half = (r & 1) * 2;
+            let (kr, qr) = (S::splat(k[r]), S::splat(q[r]));
+            let row = p.add(r * w);
+            let s0 = S::fma(S::load_f32(row), a, S::mul(kr, d0));
+            let s1 = S::fma(S::load_f32(row.add(l)), a, S::mul(kr, d1));
+            S::store_f32(row, s0);
+            S::store_f32(row.add(l), s1);
+            acc[half] = S::fma(s0, qr, acc[half]);
+            acc[half + 1] = S::fma(s1, qr, acc[half + 1]);
+            r += 1;
+        }
+        S::store_f32(o.as_mut_ptr(), S::add(acc[0], acc[2]));
+        S::store_f32(o.as_mut_ptr().add(l), S::add(acc[1], acc[3]));
+    }
+}
+
+/// Runs one (sequence, v-head) through the recurrence.
+///
+/// # Safety
+/// As for [`super::gated_delta_rule`]; the CPU supports `S`; `2 * S::LANES <= 32`.
+#[inline(always)]
+pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Sequence, hv: usize) {
+    let (kd, vd) = (args.k_dim, args.v_dim);
+    let w = 2 * S::LANES;
+    let tokens = unsafe { load_tokens(args, seq, hv) };
+    let blocks_n = vd.div_ceil(w);
+    let mut blocks = vec![0f32; blocks_n * kd * w];
+    if let Some(slot) = seq.read {
+        unsafe { load_state::<S, St>(args, slot, hv, &mut blocks) };
+    }
+    let (mut v, mut o) = ([0f32; 32], [0f32; 32]);
+    let out = &args.out;
+    for b in 0..blocks_n {
+        let v0 = b * w;
+        let width = w.min(vd - v0);
+        for i in 0..seq.len {
+            v[..width].copy_from_slice(&tokens.v[i * vd + v0..i * vd + v0 + width]);
+            v[width..w].iter_mut().for_each(|x| *x = 0.0);
+            unsafe {
+                token::<S>(
+                    &mut blocks[b * kd * w..(b + 1) * kd * w],
+                    kd,
+                    &tokens.q[i * kd..(i + 1) * kd],
+                    &tokens.k[i * kd..(i + 1) * kd],
+                    &v,
+                    tokens.decay[i],
+                    tokens.beta[i],
+                    &mut o,
+                );
+                store_row(
+                    out.at(&[seq.start + i, hv, v0]),
+                    out.dtype,
+                    out.strides[2],
+                    &o[..width],
+                );
+            }
+            if let StateWrite::PerToken(slots) = &seq.write {
+                unsafe { store_state::<S, St>(args, slots[i], hv, &blocks[..], b, b + 1) };
+            }
+        }
+    }
+    if let StateWrite::Final(slot) = seq.write {
+        unsafe { store_state::<S, St>(args, slot, hv, &blocks, 0, blocks_n) };
+    }
+}
+/// A decode (one token) on a contiguous state of dtype `St`, straight on the state rows:
+/// pass 1 streams the slot from memory accumulating `kv = S^T k`, pass 2 re-reads the rows (now in
+/// L2), writes the updated rows and accumulates `o`. No copy of the state is made. Returns false
+/// (nothing done) when the layout does not fit, so the caller takes the blocked path.
+///
+/// # Safety
+/// As for [`sequence_head`].
+#[inline(always)]
+pub unsafe fn decode<S: Simd, St: SimdElement>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    hv: usize,
+) -> bool {
+    let Some(st) = args.state.as_ref() else {
+        return false;
+    };
+    if seq.len != 1 || st.strides[3] != 1 || st.dtype != St::DTYPE {
+        return false;
+    }
+    let write = match &seq.write {
+        StateWrite::Final(slot) => Some(*slot),
+        StateWrite::PerToken(slots) => Some(slots[0]),
+        StateWrite::Nothing => None,
+    };
+    let (kd, vd, l) = (args.k_dim, args.v_dim, S::LANES);
+    let vec_end = vd / l * l;
+    let tokens = unsafe { load_tokens(args, seq, hv) };
+    let (q, k, v) = (&tokens.q, &tokens.k, &tokens.v);
+    let (decay, beta) = (tokens.decay[0], tokens.beta[0]);
+    let row = |slot: usize, r: usize| st.at(&[slot, hv, r, 0]).cast::<St>();
+    let mut kv = vec![0f32; vd];
+    unsafe {
+        if let Some(slot) = seq.read {
+            for r in 0..kd {
+                let src = row(slot, r);
+                let kr = S::splat(k[r]);
+                let mut j = 0;
+                while j < vec_end {
+                    let p = kv.as_mut_ptr().add(j);
+                    S::store_f32(p, S::fma(St::load::<S>(src.add(j)), kr, S::load_f32(p)));
+                    j += l;
+                }
+                for j in vec_end..vd {
+                    kv[j] = (*src.add(j)).to_f32().mul_add(k[r], kv[j]);
+                }
+            }
+        }
+    }
+    // delta = beta (v - a kv)
+    let delta: Vec<f32> = (0..vd).map(|j| beta * (v[j] - decay * kv[j])).collect();
+    let mut o = kv; // reused as the output accumulator
+    o.iter_mut().for_each(|x| *x = 0.0);
+    unsafe {
+        let a = S::splat(decay);
+        for r in 0..kd {
+            let (kr, qr) = (S::splat(k[r]), S::splat(q[r]));
+            let src = seq.read.map(|slot| row(slot, r));
+            let dst = write.map(|slot| row(slot, r));
+            let mut j = 0;
+            while j < vec_end {
+                let upd = S::mul(kr, S::load_f32(delta.as_ptr().add(j)));
+                let s_new = match src {
+                    Some(src) => S::fma(St::load::<S>(src.add(j)), a, upd),
+                    None => upd,
+                };
+                if let Some(dst) = dst {
+                    St::store::<S>(dst.add(j), s_new);
+                }
+                let p = o.as_mut_ptr().add(j);
+                S::store_f32(p, S::fma(s_new, qr, S::load_f32(p)));
+                j += l;
+            }
+            for j in vec_end..vd {
+                let old = src.map_or(0.0, |src| (*src.add(j)).to_f32());
+                let s_new = old.mul_add(decay, k[r] * delta[j]);
+                if let Some(dst) = dst {
+                    *dst.add(j) = St::from_f32(s_new);
+                }
+                o[j] = s_new.mul_add(q[r], o[j]);
+            }
+        }
+        let out = &args.out;
+        store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], &o);
+    }
+    true
+}
+
+/// Zero output rows of a padded sequence for one v-head.
+///
+/// # Safety
+/// As for [`super::gated_delta_rule`].
+pub unsafe fn zero_rows(args: &DeltaRule, seq: &Sequence, hv: usize) {
+    let out = &args.out;
+    for t in seq.start..seq.start + seq.len {
+        for j in 0..args.v_dim {
+            unsafe { write_f32(out.at(&[t, hv, j]), out.dtype, 0.0) };
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! The SIMD driver: splits a call into recurrent, chunked and padded work and runs it on the
+//! context's threads with the entry points of one instruction set. The kernel bodies are generic
+//! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
+
+use super::chunked::{self, Chunk, Layout};
+use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, StateWrite, recurrent};
+use crate::dtype::DType;
+use crate::error::{Error, Result, Status};
+use crate::kernels::simd::{Avx2, Avx512};
+use crate::runtime::{Context, Isa, SharedPtr};
+
+type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
+type IntraFn = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize);
+type InterFn = unsafe fn(&DeltaRule, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize);
+
+/// The entry points of one instruction set.
+struct Kernels {
+    recurrent: RecurrentFn,
+    intra: IntraFn,
+    inter: InterFn,
+}
+
+macro_rules! entry_points {
+    ($module:ident, $simd:ty, $features:literal) => {
+        mod $module {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            unsafe fn recurrent(args: &DeltaRule, seq: &Sequence, hv: usize) {
+                let dtype = args.state.as_ref().map_or(DType::F32, |s| s.dtype);
+                crate::with_float_type!(dtype, St => unsafe {
+                    if !recurrent::decode::<$simd, St>(args, seq, hv) {
+                        recurrent::sequence_head::<$simd, St>(args, seq, hv)
+                    }
+                })
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn intra(args: &DeltaRule, layout: &Layout, scratch: *mut f32, c: usize, chunk: Chunk, h: usize) {
+                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, h) }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn inter(
+                args: &DeltaRule,
+                layout: &Layout,
+                scratch: *mut f32,
+                seq: &Sequence,
+                first: usize,
+                chunks: &[Chunk],
+                hv: usize,
+            ) {
+                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, hv) }
+            }
+
+            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter };
+        }
+    };
+}
+
+entry_points!(avx2, Avx2, "avx2,fma,f16c");
+entry_points!(
+    avx512,
+    Avx512,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+);
+
+/// Whether `seq` takes the chunked form.
+fn chunked_path(path: Path, seq: &Sequence) -> bool {
+    if seq.padded || seq.len == 0 || matches!(seq.write, StateWrite::PerToken(_)) {
+        return false;
+    }
+    match path {
+        Path::Auto => seq.len >= RECURRENT_MAX_LEN,
+        Path::Recurrent => false,
+        Path::Chunked => true,
+    }
+}
+
+thread_local! {
+    /// Chunk scratch of the calling thread, kept between calls so a steady stream of prefills
+    /// does not fault fresh pages in every time.
+    static SCRATCH: std::cell::RefCell<Vec<std::mem::MaybeUninit<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One v-head of a recurrent or padded sequence (`task` over `simple.len() * HV`).
+unsafe fn run_simple_task(kernels: &Kernels, args: &DeltaRule, simple: &[usize], task: usize) {
+    let seq = &args.sequences[simple[task / args.v_heads]];
+    unsafe {
+        if seq.padded {
+            recurrent::zero_rows(args, seq, task % args.v_heads);
+        } else {
+            (kernels.recurrent)(args, seq, task % args.v_heads);
+        }
+    }
+}
+
+fn run_simple(ctx: &Context, kernels: &Kernels, args: &DeltaRule, simple: &[usize]) {
+    ctx.for_each(simple.len() * args.v_heads, |task| {
+        // SAFETY: each task owns its sequence's output rows and slots for one v-head.
+        unsafe { run_simple_task(kernels, args, simple, task) }
+    });
+}
+
+/// # Safety
+/// As for [`super::gated_delta_rule`]; the CPU supports `isa` (>= AVX2).
+pub unsafe fn gated_delta_rule(
+    ctx: &Context,
+    isa: Isa,
+    path: Path,
+    args: &DeltaRule,
+) -> Result<()> {
+    let kernels = if isa >= Isa::Avx512 {
+        &avx512::KERNELS
+    } else {
+        &avx2::KERNELS
+    };
+    let (heads, v_heads) = (args.heads, args.v_heads);
+    let mut chunks: Vec<Chunk> = Vec::new();
+    // (sequence, first chunk, chunk count) of every chunked sequence.
+    let mut chunked_seqs: Vec<(usize, usize, usize)> = Vec::new();
+    // Sequences for the recurrence or zero rows (padded), one task per v-head each.
+    let mut simple: Vec<usize> = Vec::new();
+    for (b, seq) in args.sequences.iter().enumerate() {
+        if chunked_path(path, seq) {
+            let first = chunks.len();
+            let mut off = 0;
+            while off < seq.len {
+                let len = CHUNK.min(seq.len - off);
+                chunks.push(Chunk {
+                    start: seq.start + off,
+                    len,
+                });
+                off += len;
+            }
+            chunked_seqs.push((b, first, chunks.len() - first));
+        } else {
+            simple.push(b);
+        }
+    }
+    if chunks.is_empty() {
+        run_simple(ctx, kernels, args, &simple);
+        return Ok(());
+    }
+    // The chunk scratch of all heads at once would be ~56 KiB per token with H=16, HV=32,
+    // K=V=128; process the q/k heads in waves just wide enough to keep every thread busy in pass
+    // 2, reusing one buffer (kept per calling thread between calls: no page faults per call).
+    let group = v_heads / heads;
+    let wanted_tasks = 4 * ctx.threads();
+    let wave = wanted_tasks
+        .div_ceil(chunked_seqs.len() * group)
+        .clamp(1, heads);
+    let layout_of = |first_head: usize| Layout {
+        first_head,
+        heads: wave.min(heads - first_head),
+        group,
+        k_dim: args.k_dim,
+        v_dim: args.v_dim,
+    };
+    let floats = chunks
+        .len()
+        .checked_mul(layout_of(0).chunk_size())
+        .ok_or_else(|| {
+            Error::new(
+                Status::Overflow,
+                "gated_delta_rule: chunk scratch size overflows",
+            )
+        })?;
+    SCRATCH.with(|cell| -> Result<()> {
+        let mut scratch = cell.borrow_mut();
+        if scratch.len() < floats {
+            scratch.clear();
+            scratch.shrink_to_fit();
+            scratch.try_reserve_exact(floats).map_err(|_| {
+                Error::new(
+                    Status::Allocation,
+                    format!(
+                        "gated_delta_rule: cannot allocate {} bytes of chunk scratch",
+                        floats * 4
+                    ),
+                )
+            })?;
+            // Every scratch element a task reads was written by pass 1 first; MaybeUninit needs
+            // no initialisation.
+            scratch.resize(floats, std::mem::MaybeUninit::uninit());
+        }
+        let base = SharedPtr(scratch.as_mut_ptr().cast::<f32>());
+        let mut first_head = 0;
+        while first_head < heads {
+            let layout = layout_of(first_head);
+            let wave_heads = layout.heads;
+            // Pass 1 of this wave; the recurrent and padded sequences ride along with the first.
+            let intra_tasks = chunks.len() * wave_heads;
+            let extra = if first_head == 0 {
+                simple.len() * v_heads
+            } else {
+                0
+            };
+            ctx.for_each(intra_tasks + extra, |task| {
+                // SAFETY: each task writes only its own chunk/head scratch, or its own sequence's
+                // output rows and slots for one v-head; the caller validated the memory.
+                unsafe {
+                    if task < intra_tasks {
+                        let (c, h) = (task / wave_heads, first_head + task % wave_heads);
+                        (kernels.intra)(args, &layout, base.get(), c, chunks[c], h);
+                    } else {
+                        run_simple_task(kernels, args, &simple, task - intra_tasks);
+                    }
+                }
+            });
+            let wave_v_heads = wave_heads * group;
+            ctx.for_each(chunked_seqs.len() * wave_v_heads, |task| {
+                let (b, first, count) = chunked_seqs[task / wave_v_heads];
+                let hv = first_head * group + task % wave_v_heads;
+                // SAFETY: pass 1 is complete; this task owns the v-head's scratch, rows and slot.
+                unsafe {
+                    (kernels.inter)(
+                        args,
+                        &layout,
+                        base.get(),
+                        &args.sequences[b],
+                        first,
+                        &chunks[first..first + count],
+                        hv,
+                    )
+                };
+            });
+            first_head += wave_heads;
+        }
+        Ok(())
+    })?;
+    Ok(())
+}

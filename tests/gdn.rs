@@ -1,0 +1,1797 @@
+//! Gated DeltaNet: `ssmk_gdn_gating` and `ssmk_gated_delta_rule` against an independent f64
+//! per-token reference written here, plus splits, mixed batches, speculative mode, padding, NULL
+//! arguments, every rejected input, thread-count determinism and every ISA level.
+//!
+//! Tolerances (|got - want| <= atol + rtol * |want|), set from the storage rounding of each dtype
+//! plus f32 accumulation over a few hundred tokens:
+//! - out:   f32 1e-4 + 1e-4 rel; f16 2e-4 + 2e-3 rel; bf16 1e-3 + 8e-3 rel.
+//! - state: f32 1e-4 + 1e-4 rel; f16 2e-4 + 2e-3 rel; bf16 1e-3 + 8e-3 rel.
+//! - gating: g 1e-5 rel (+1e-6 abs); beta by its dtype as above.
+mod common;
+
+use std::collections::HashMap;
+
+use common::{Rng, Tensor, assert_error};
+use half::bf16;
+use ssmk::dtype::{DType, Element};
+use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
+use ssmk::ffi::gdn::{
+    SSMK_GDN_QK_L2NORM, gated_delta_rule_with, ssmk_gated_delta_rule, ssmk_gdn_gating,
+};
+use ssmk::ffi::status::*;
+use ssmk::kernels::gdn::Path;
+use ssmk::runtime::Isa;
+use ssmk::tensor::ssmk_tensor;
+
+const PAD: i64 = -1;
+
+#[derive(Clone, Copy, Debug)]
+struct Tol {
+    atol: f64,
+    rtol: f64,
+}
+
+fn tol(dtype: DType) -> Tol {
+    match dtype {
+        DType::F32 => Tol {
+            atol: 1e-4,
+            rtol: 1e-4,
+        },
+        DType::F16 => Tol {
+            atol: 2e-4,
+            rtol: 2e-3,
+        },
+        _ => Tol {
+            atol: 1e-3,
+            rtol: 8e-3,
+        },
+    }
+}
+
+fn close(got: f64, want: f64, t: Tol) -> bool {
+    (got - want).abs() <= t.atol + t.rtol * want.abs()
+}
+
+/// One call's tensors.
+struct Gdn {
+    t: usize,
+    h: usize,
+    hv: usize,
+    kd: usize,
+    vd: usize,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Option<Tensor>,
+    cu: Option<Tensor>,
+    idx: Option<Tensor>,
+    init: Option<Tensor>,
+    accepted: Option<Tensor>,
+    flags: u32,
+    eps: f32,
+    scale: f32,
+    out: Tensor,
+}
+
+/// All elements as f64, row-major; fast for compact tensors.
+fn values(t: &Tensor) -> Vec<f64> {
+    if t.strides.is_some() {
+        return t.to_vec();
+    }
+    let n = t.numel();
+    let p = t.base();
+    unsafe {
+        match t.dtype {
+            DType::F32 => std::slice::from_raw_parts(p.cast::<f32>(), n)
+                .iter()
+                .map(|&x| x as f64)
+                .collect(),
+            DType::BF16 => std::slice::from_raw_parts(p.cast::<bf16>(), n)
+                .iter()
+                .map(|&x| x.to_f32() as f64)
+                .collect(),
+            DType::F16 => std::slice::from_raw_parts(p.cast::<half::f16>(), n)
+                .iter()
+                .map(|&x| x.to_f32() as f64)
+                .collect(),
+            _ => t.to_vec(),
+        }
+    }
+}
+
+/// Fills with `f(uniform)`; fast for compact tensors.
+fn fill(t: &mut Tensor, rng: &mut Rng, f: impl Fn(f64) -> f64) {
+    if t.strides.is_none() && t.dtype.is_float() {
+        let n = t.numel();
+        let p = t.base();
+        for i in 0..n {
+            let x = f(rng.uniform()) as f32;
+            unsafe {
+                match t.dtype {
+                    DType::F32 => p.cast::<f32>().add(i).write(x),
+                    DType::BF16 => p
+                        .cast::<bf16>()
+                        .add(i)
+                        .write(<bf16 as Element>::from_f32(x)),
+                    _ => p
+                        .cast::<half::f16>()
+                        .add(i)
+                        .write(<half::f16 as Element>::from_f32(x)),
+                }
+            }
+        }
+        return;
+    }
+    for i in t.indices() {
+        let u = rng.uniform();
+        t.set(&i, f(u));
+    }
+}
+
+impl Gdn {
+    /// Random inputs for `t` tokens; q/k scaled so `|k|^2 ~ 1` without l2norm (a stable delta rule).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        seed: u64,
+        t: usize,
+        h: usize,
+        hv: usize,
+        kd: usize,
+        vd: usize,
+        act: DType,
+        state: Option<(DType, usize)>,
+        l2norm: bool,
+    ) -> Gdn {
+        let mut rng = Rng::new(seed);
+        let mut q = Tensor::zeros(act, &[t, h, kd]);
+        let mut k = Tensor::zeros(act, &[t, h, kd]);
+        let mut v = Tensor::zeros(act, &[t, hv, vd]);
+        let mut g = Tensor::zeros(DType::F32, &[t, hv]);
+        let mut beta = Tensor::zeros(act, &[t, hv]);
+        let s = if l2norm {
+            1.0
+        } else {
+            (3.0 / kd as f64).sqrt()
+        };
+        fill(&mut q, &mut rng, |u| (2.0 * u - 1.0) * s);
+        fill(&mut k, &mut rng, |u| (2.0 * u - 1.0) * s);
+        fill(&mut v, &mut rng, |u| 2.0 * u - 1.0);
+        fill(&mut g, &mut rng, |u| -0.02 - 0.6 * u);
+        fill(&mut beta, &mut rng, |u| 0.05 + 0.9 * u);
+        let state = state.map(|(dt, slots)| {
+            let mut st = Tensor::zeros(dt, &[slots, hv, kd, vd]);
+            fill(&mut st, &mut rng, |u| u - 0.5);
+            st
+        });
+        Gdn {
+            t,
+            h,
+            hv,
+            kd,
+            vd,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state,
+            cu: None,
+            idx: None,
+            init: None,
+            accepted: None,
+            flags: if l2norm { SSMK_GDN_QK_L2NORM } else { 0 },
+            eps: 1e-6,
+            scale: 0.0,
+            out: {
+                let mut o = Tensor::zeros(act, &[t, hv, vd]);
+                fill(&mut o, &mut rng, |u| 100.0 + u); // sentinel: untouched rows stay recognisable
+                o
+            },
+        }
+    }
+
+    fn with_seqs(mut self, lens: &[usize]) -> Gdn {
+        let mut cu = vec![0i64];
+        for &l in lens {
+            cu.push(cu.last().unwrap() + l as i64);
+        }
+        self.cu = Some(Tensor::ints(DType::I32, &cu));
+        self
+    }
+
+    /// Calls through `f` with every descriptor.
+    fn call_raw(&mut self, f: impl FnOnce(&Descs) -> i32) -> i32 {
+        self.call_mut(|_| {}, f)
+    }
+
+    /// Calls through `f` after `m` edits the descriptors.
+    fn call_mut(&mut self, m: impl FnOnce(&mut Descs), f: impl FnOnce(&Descs) -> i32) -> i32 {
+        let opt = |t: &Option<Tensor>| t.as_ref().map(|t| t.desc());
+        let d = Descs {
+            q: self.q.desc(),
+            k: self.k.desc(),
+            v: self.v.desc(),
+            g: self.g.desc(),
+            beta: self.beta.desc(),
+            state: opt(&self.state),
+            cu: opt(&self.cu),
+            idx: opt(&self.idx),
+            init: opt(&self.init),
+            accepted: opt(&self.accepted),
+            out: self.out.desc(),
+            scale: self.scale,
+            flags: self.flags,
+            eps: self.eps,
+        };
+        let mut d = d;
+        m(&mut d);
+        f(&d)
+    }
+
+    fn call(&mut self, ctx: *const ssmk_context) -> i32 {
+        self.call_raw(|d| unsafe { export(ctx, d) })
+    }
+
+    fn call_with(&mut self, isa: Isa, path: Path, ctx: *const ssmk_context) -> i32 {
+        self.call_raw(|d| unsafe {
+            gated_delta_rule_with(
+                isa,
+                path,
+                ctx,
+                &d.q,
+                &d.k,
+                &d.v,
+                &d.g,
+                &d.beta,
+                d.scale,
+                ptr_mut(&d.state),
+                ptr(&d.cu),
+                ptr(&d.idx),
+                ptr(&d.init),
+                ptr(&d.accepted),
+                d.flags,
+                d.eps,
+                PAD,
+                (&d.out as *const ssmk_tensor).cast_mut(),
+            )
+        })
+    }
+
+    fn clone_all(&self) -> Gdn {
+        let c = |t: &Tensor| Tensor {
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            strides: t.strides.clone(),
+            storage: t.storage.clone(),
+        };
+        let o = |t: &Option<Tensor>| t.as_ref().map(c);
+        Gdn {
+            t: self.t,
+            h: self.h,
+            hv: self.hv,
+            kd: self.kd,
+            vd: self.vd,
+            q: c(&self.q),
+            k: c(&self.k),
+            v: c(&self.v),
+            g: c(&self.g),
+            beta: c(&self.beta),
+            state: o(&self.state),
+            cu: o(&self.cu),
+            idx: o(&self.idx),
+            init: o(&self.init),
+            accepted: o(&self.accepted),
+            flags: self.flags,
+            eps: self.eps,
+            scale: self.scale,
+            out: c(&self.out),
+        }
+    }
+}
+
+/// The export, with every descriptor of `d`.
+unsafe fn export(ctx: *const ssmk_context, d: &Descs) -> i32 {
+    unsafe {
+        ssmk_gated_delta_rule(
+            ctx,
+            &d.q,
+            &d.k,
+            &d.v,
+            &d.g,
+            &d.beta,
+            d.scale,
+            ptr_mut(&d.state),
+            ptr(&d.cu),
+            ptr(&d.idx),
+            ptr(&d.init),
+            ptr(&d.accepted),
+            d.flags,
+            d.eps,
+            PAD,
+            (&d.out as *const ssmk_tensor).cast_mut(),
+        )
+    }
+}
+
+struct Descs {
+    q: ssmk_tensor,
+    k: ssmk_tensor,
+    v: ssmk_tensor,
+    g: ssmk_tensor,
+    beta: ssmk_tensor,
+    state: Option<ssmk_tensor>,
+    cu: Option<ssmk_tensor>,
+    idx: Option<ssmk_tensor>,
+    init: Option<ssmk_tensor>,
+    accepted: Option<ssmk_tensor>,
+    out: ssmk_tensor,
+    scale: f32,
+    flags: u32,
+    eps: f32,
+}
+
+fn ptr(d: &Option<ssmk_tensor>) -> *const ssmk_tensor {
+    d.as_ref().map_or(std::ptr::null(), |d| d as *const _)
+}
+
+fn ptr_mut(d: &Option<ssmk_tensor>) -> *mut ssmk_tensor {
+    ptr(d).cast_mut()
+}
+
+/// What the reference says one sequence does.
+#[derive(Clone, Debug)]
+enum Writes {
+    Nothing,
+    Final(usize),
+    PerToken(Vec<usize>),
+}
+
+#[derive(Clone, Debug)]
+struct RefSeq {
+    start: usize,
+    len: usize,
+    padded: bool,
+    read: Option<usize>,
+    writes: Writes,
+}
+
+/// Expected outputs: out rows (None = untouched) and the state of every written slot.
+struct Expect {
+    out: Vec<Option<f64>>,
+    states: HashMap<usize, Vec<f64>>,
+}
+
+/// The f64 per-token recurrence of ABI.md §4.4, straight from the formula.
+fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
+    let (h_n, hv_n, kd, vd) = (p.h, p.hv, p.kd, p.vd);
+    let (q, k, v, g, beta) = (
+        values(&p.q),
+        values(&p.k),
+        values(&p.v),
+        values(&p.g),
+        values(&p.beta),
+    );
+    let st0 = p.state.as_ref().map(values);
+    let slot_len = hv_n * kd * vd;
+    let scale = if p.scale <= 0.0 {
+        1.0 / (kd as f64).sqrt()
+    } else {
+        p.scale as f64
+    };
+    let l2 = p.flags & SSMK_GDN_QK_L2NORM != 0;
+    let mut exp = Expect {
+        out: vec![None; p.t * hv_n * vd],
+        states: HashMap::new(),
+    };
+    for s in seqs {
+        if s.padded {
+            for t in s.start..s.start + s.len {
+                for i in 0..hv_n * vd {
+                    exp.out[t * hv_n * vd + i] = Some(0.0);
+                }
+            }
+            continue;
+        }
+        let mut state = match s.read {
+            Some(slot) => st0.as_ref().unwrap()[slot * slot_len..(slot + 1) * slot_len].to_vec(),
+            None => vec![0.0; slot_len],
+        };
+        for (i, t) in (s.start..s.start + s.len).enumerate() {
+            for hv in 0..hv_n {
+                let h = hv / (hv_n / h_n);
+                let norm = |x: &[f64]| {
+                    if l2 {
+                        1.0 / (x.iter().map(|a| a * a).sum::<f64>() + p.eps as f64).sqrt()
+                    } else {
+                        1.0
+                    }
+                };
+                let qr = &q[(t * h_n + h) * kd..][..kd];
+                let kr = &k[(t * h_n + h) * kd..][..kd];
+                let (qn, kn) = (norm(qr), norm(kr));
+                let a = g[t * hv_n + hv].exp();
+                let b = beta[t * hv_n + hv];
+                let sm = &mut state[hv * kd * vd..][..kd * vd];
+                let mut kv = vec![0f64; vd];
+                for r in 0..kd {
+                    let kr = kr[r] * kn;
+                    for j in 0..vd {
+                        sm[r * vd + j] *= a;
+                        kv[j] += sm[r * vd + j] * kr;
+                    }
+                }
+                let delta: Vec<f64> = (0..vd)
+                    .map(|j| b * (v[(t * hv_n + hv) * vd + j] - kv[j]))
+                    .collect();
+                let mut o = vec![0f64; vd];
+                for r in 0..kd {
+                    let (kr, qr) = (kr[r] * kn, qr[r] * qn);
+                    for j in 0..vd {
+                        sm[r * vd + j] += kr * delta[j];
+                        o[j] += sm[r * vd + j] * qr;
+                    }
+                }
+                for (e, o) in exp.out[(t * hv_n + hv) * vd..][..vd].iter_mut().zip(&o) {
+                    *e = Some(o * scale);
+                }
+            }
+            if let Writes::PerToken(slots) = &s.writes {
+                exp.states.insert(slots[i], state.clone());
+            }
+        }
+        if let Writes::Final(slot) = s.writes {
+            exp.states.insert(slot, state);
+        }
+    }
+    exp
+}
+
+/// Checks `after` against `exp`; untouched out rows and state slots must keep `before`'s bits.
+fn verify(before: &Gdn, after: &Gdn, exp: &Expect, what: &str) {
+    let ot = tol(after.out.dtype);
+    let got = values(&after.out);
+    let old = values(&before.out);
+    let mut worst = 0f64;
+    for (i, e) in exp.out.iter().enumerate() {
+        match e {
+            Some(w) => {
+                worst = worst.max((got[i] - w).abs());
+                assert!(
+                    close(got[i], *w, ot),
+                    "{what}: out[{i}] = {} vs reference {w} (tol {ot:?})",
+                    got[i]
+                );
+            }
+            None => assert_eq!(
+                got[i].to_bits(),
+                old[i].to_bits(),
+                "{what}: out[{i}] outside every sequence was written"
+            ),
+        }
+    }
+    if let (Some(sa), Some(sb)) = (&after.state, &before.state) {
+        let st = tol(sa.dtype);
+        let (ga, gb) = (values(sa), values(sb));
+        let slot_len = after.hv * after.kd * after.vd;
+        for slot in 0..sa.shape[0] as usize {
+            let range = slot * slot_len..(slot + 1) * slot_len;
+            match exp.states.get(&slot) {
+                Some(w) => {
+                    for (i, (g, w)) in ga[range].iter().zip(w).enumerate() {
+                        assert!(
+                            close(*g, *w, st),
+                            "{what}: state slot {slot} [{i}] = {g} vs reference {w} (tol {st:?})"
+                        );
+                    }
+                }
+                None => assert!(
+                    ga[range.clone()] == gb[range],
+                    "{what}: state slot {slot} was written"
+                ),
+            }
+        }
+    }
+}
+
+/// Sequences of an ordinary (non-speculative) call as the ABI defines them.
+fn plain_seqs(p: &Gdn) -> Vec<RefSeq> {
+    let cu: Vec<usize> = match &p.cu {
+        Some(c) => values(c).iter().map(|&x| x as usize).collect(),
+        None => vec![0, p.t],
+    };
+    let b = cu.len() - 1;
+    let idx: Vec<i64> = match &p.idx {
+        Some(i) => values(i).iter().map(|&x| x as i64).collect(),
+        None => (0..b as i64).collect(),
+    };
+    let init: Vec<bool> = match &p.init {
+        Some(i) => values(i).iter().map(|&x| x != 0.0).collect(),
+        None => vec![false; b],
+    };
+    (0..b)
+        .map(|s| {
+            let padded = idx[s] == PAD;
+            let slot = idx[s] as usize;
+            RefSeq {
+                start: cu[s],
+                len: cu[s + 1] - cu[s],
+                padded,
+                read: (!padded && init[s]).then_some(slot),
+                writes: if padded || p.state.is_none() {
+                    Writes::Nothing
+                } else {
+                    Writes::Final(slot)
+                },
+            }
+        })
+        .collect()
+}
+
+/// A batch of `lens` over a pool with two spare slots, slots reversed, alternate initial states.
+fn batch_case(
+    seed: u64,
+    lens: &[usize],
+    heads: (usize, usize),
+    dims: (usize, usize),
+    act: DType,
+    state: DType,
+    l2norm: bool,
+) -> Gdn {
+    let t: usize = lens.iter().sum();
+    let slots = lens.len() + 2;
+    let mut p = Gdn::new(
+        seed,
+        t,
+        heads.0,
+        heads.1,
+        dims.0,
+        dims.1,
+        act,
+        Some((state, slots)),
+        l2norm,
+    )
+    .with_seqs(lens);
+    p.idx = Some(Tensor::ints(
+        DType::I64,
+        &(0..lens.len())
+            .map(|b| (slots - 1 - b) as i64)
+            .collect::<Vec<_>>(),
+    ));
+    p.init = Some(Tensor::ints(
+        DType::Bool,
+        &(0..lens.len())
+            .map(|b| (b % 2 == 0) as i64)
+            .collect::<Vec<_>>(),
+    ));
+    p
+}
+
+fn run_and_verify(p: &Gdn, what: &str) {
+    let exp = reference(p, &plain_seqs(p));
+    let mut runs: Vec<(String, Gdn)> = Vec::new();
+    let mut a = p.clone_all();
+    assert_eq!(
+        a.call(std::ptr::null()),
+        SSMK_OK,
+        "{what}: {}",
+        common::last_error()
+    );
+    runs.push(("export".into(), a));
+    for path in [Path::Recurrent, Path::Chunked] {
+        let mut a = p.clone_all();
+        assert_eq!(
+            a.call_with(Isa::detected(), path, std::ptr::null()),
+            SSMK_OK,
+            "{what}: {}",
+            common::last_error()
+        );
+        runs.push((format!("{path:?}"), a));
+    }
+    for (name, a) in &runs {
+        verify(p, a, &exp, &format!("{what} [{name}]"));
+    }
+}
+
+const SEQ_LENS: [&[usize]; 8] = [
+    &[1],
+    &[1, 2, 3],
+    &[63],
+    &[64],
+    &[65],
+    &[63, 64, 65],
+    &[127, 128, 129],
+    &[273],
+];
+const HEADS: [(usize, usize); 2] = [(2, 4), (4, 4)];
+const STATES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// The full product for the small head dims (every seq-len list x heads x state dtype x l2norm).
+#[test]
+fn matches_reference_small_head_dims() {
+    let mut seed = 1;
+    for dims in [(32, 32), (64, 32), (64, 64)] {
+        for lens in SEQ_LENS {
+            for heads in HEADS {
+                for state in STATES {
+                    for l2norm in [true, false] {
+                        seed += 1;
+                        let p = batch_case(seed, lens, heads, dims, DType::BF16, state, l2norm);
+                        run_and_verify(
+                            &p,
+                            &format!(
+                                "lens {lens:?} heads {heads:?} dims {dims:?} state {state:?} l2norm {l2norm}"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// K = V = 128: the same full product, plus heads (4,4) with a decode next to a long prefill.
+#[test]
+fn matches_reference_head_dim_128() {
+    let mut seed = 100;
+    for lens in SEQ_LENS {
+        for heads in HEADS {
+            for state in STATES {
+                for l2norm in [true, false] {
+                    seed += 1;
+                    let p = batch_case(seed, lens, heads, (128, 128), DType::BF16, state, l2norm);
+                    run_and_verify(
+                        &p,
+                        &format!(
+                            "lens {lens:?} heads {heads:?} dims (128,128) state {state:?} l2norm {l2norm}"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    let p = batch_case(
+        99,
+        &[1, 130],
+        (4, 4),
+        (128, 128),
+        DType::BF16,
+        DType::F32,
+        true,
+    );
+    run_and_verify(&p, "decode + prefill, dims (128,128)");
+}
+
+/// Activation dtypes other than bf16, mixed per tensor, an explicit scale, and strided inputs.
+#[test]
+fn activation_dtypes_scale_and_strides() {
+    for (i, act) in [DType::F32, DType::F16].into_iter().enumerate() {
+        let mut p = batch_case(
+            200 + i as u64,
+            &[5, 70],
+            (2, 4),
+            (32, 48),
+            act,
+            DType::F32,
+            i == 0,
+        );
+        p.scale = 0.3;
+        run_and_verify(&p, &format!("act {act:?}"));
+    }
+    // q/k/v with padded rows (non-compact strides), out with a strided last dim.
+    let mut p = batch_case(
+        210,
+        &[2, 67],
+        (1, 2),
+        (16, 24),
+        DType::BF16,
+        DType::F16,
+        true,
+    );
+    let t = p.t;
+    let mut rng = Rng::new(5);
+    let mut q = Tensor::with_layout(DType::F32, &[t, 1, 16], Some(&[40, 20, 1]), t * 40);
+    fill(&mut q, &mut rng, |u| u - 0.5);
+    let mut v = Tensor::with_layout(DType::F16, &[t, 2, 24], Some(&[100, 50, 2]), t * 100);
+    fill(&mut v, &mut rng, |u| u - 0.5);
+    let mut out = Tensor::with_layout(DType::F32, &[t, 2, 24], Some(&[96, 48, 2]), t * 96);
+    fill(&mut out, &mut rng, |u| u + 7.0);
+    p.q = q;
+    p.v = v;
+    p.out = out;
+    run_and_verify(&p, "strided");
+}
+
+/// A prefill split over two calls (the second continuing from the state) matches one call.
+#[test]
+fn two_calls_equal_one_call() {
+    for (i, &(t, split)) in [(128, 64), (145, 64), (145, 73), (273, 128), (192, 65)]
+        .iter()
+        .enumerate()
+    {
+        for state in STATES {
+            let mut one = Gdn::new(
+                300 + i as u64,
+                t,
+                2,
+                4,
+                64,
+                64,
+                DType::BF16,
+                Some((state, 2)),
+                true,
+            );
+            one.idx = Some(Tensor::ints(DType::I32, &[1]));
+            one.init = Some(Tensor::ints(DType::U8, &[1]));
+            let mut two = one.clone_all();
+            assert_eq!(
+                one.call(std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            two.cu = Some(Tensor::ints(DType::I32, &[0, split as i64]));
+            assert_eq!(
+                two.call(std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            two.cu = Some(Tensor::ints(DType::I32, &[split as i64, t as i64]));
+            assert_eq!(
+                two.call(std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            let what = format!("T {t} split {split} state {state:?}");
+            let (o1, o2) = (values(&one.out), values(&two.out));
+            let ot = Tol {
+                atol: 2.0 * tol(DType::BF16).atol,
+                rtol: 2.0 * tol(DType::BF16).rtol,
+            };
+            for (j, (a, b)) in o1.iter().zip(&o2).enumerate() {
+                assert!(close(*b, *a, ot), "{what}: out[{j}] {b} vs one call {a}");
+            }
+            let (s1, s2) = (
+                values(one.state.as_ref().unwrap()),
+                values(two.state.as_ref().unwrap()),
+            );
+            let st = Tol {
+                atol: 2.0 * tol(state).atol,
+                rtol: 2.0 * tol(state).rtol,
+            };
+            for (j, (a, b)) in s1.iter().zip(&s2).enumerate() {
+                assert!(close(*b, *a, st), "{what}: state[{j}] {b} vs one call {a}");
+            }
+        }
+    }
+}
+
+/// Decodes and prefills (and a padded and a zero-length sequence) in one call give bit-identical
+/// results to one call per sequence.
+#[test]
+fn mixed_batch_equals_separate_calls() {
+    let lens = [1usize, 100, 1, 0, 1, 70, 3, 1];
+    let slots = [3i64, 0, 7, PAD, 2, 5, 1, 9];
+    let init = [1i64, 0, 1, 1, 1, 1, 0, 1];
+    let mut all = Gdn::new(
+        400,
+        lens.iter().sum(),
+        2,
+        4,
+        64,
+        32,
+        DType::BF16,
+        Some((DType::F32, 10)),
+        true,
+    )
+    .with_seqs(&lens);
+    all.idx = Some(Tensor::ints(DType::I32, &slots));
+    all.init = Some(Tensor::ints(DType::Bool, &init));
+    let mut sep = all.clone_all();
+    let before = all.clone_all();
+    assert_eq!(
+        all.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    let mut start = 0i64;
+    for b in 0..lens.len() {
+        sep.cu = Some(Tensor::ints(DType::I32, &[start, start + lens[b] as i64]));
+        sep.idx = Some(Tensor::ints(DType::I32, &[slots[b]]));
+        sep.init = Some(Tensor::ints(DType::Bool, &[init[b]]));
+        assert_eq!(
+            sep.call(std::ptr::null()),
+            SSMK_OK,
+            "{}",
+            common::last_error()
+        );
+        start += lens[b] as i64;
+    }
+    assert!(all.out.bytes() == sep.out.bytes(), "outputs differ");
+    assert!(
+        all.state.as_ref().unwrap().bytes() == sep.state.as_ref().unwrap().bytes(),
+        "states differ"
+    );
+    verify(
+        &before,
+        &all,
+        &reference(&before, &plain_seqs(&before)),
+        "mixed batch",
+    );
+}
+
+/// Speculative decode: per-token state writes to `idx[b][t]`, reads from `idx[b][max(n-1,0)]`,
+/// including n = 0 and n = 1, a padded row, a zero-length sequence and `has_initial_state` false.
+#[test]
+fn speculative_matches_reference() {
+    let smax = 4usize;
+    let lens = [3usize, 1, 4, 0, 2, 4];
+    let accepted = [2i64, 0, 1, 3, 4, 1];
+    let init = [1i64, 1, 1, 1, 0, 1];
+    let pool = 30usize;
+    let mut rng = Rng::new(77);
+    let mut perm: Vec<i64> = (0..pool as i64).collect();
+    for i in (1..pool).rev() {
+        perm.swap(i, rng.below(i + 1));
+    }
+    let mut table = vec![PAD; lens.len() * smax];
+    let mut next = 0;
+    for b in 0..lens.len() {
+        for c in 0..smax {
+            table[b * smax + c] = perm[next];
+            next += 1;
+        }
+    }
+    table[4 * smax] = PAD; // sequence 4 is padded
+    for (state, dims) in [
+        (DType::F32, (32, 32)),
+        (DType::BF16, (64, 32)),
+        (DType::F16, (32, 48)),
+    ] {
+        let mut p = Gdn::new(
+            500,
+            lens.iter().sum(),
+            2,
+            4,
+            dims.0,
+            dims.1,
+            DType::BF16,
+            Some((state, pool)),
+            true,
+        )
+        .with_seqs(&lens);
+        let mut idx = Tensor::zeros(DType::I32, &[lens.len(), smax]);
+        for b in 0..lens.len() {
+            for c in 0..smax {
+                idx.set(&[b, c], table[b * smax + c] as f64);
+            }
+        }
+        p.idx = Some(idx);
+        p.accepted = Some(Tensor::ints(DType::I64, &accepted));
+        p.init = Some(Tensor::ints(DType::I32, &init));
+        p.eps = 1e-5;
+        let mut start = 0;
+        let seqs: Vec<RefSeq> = (0..lens.len())
+            .map(|b| {
+                let row = &table[b * smax..(b + 1) * smax];
+                let s = RefSeq {
+                    start,
+                    len: lens[b],
+                    padded: row[0] == PAD,
+                    read: (row[0] != PAD && init[b] != 0)
+                        .then(|| row[(accepted[b] - 1).max(0) as usize] as usize),
+                    writes: if row[0] == PAD {
+                        Writes::Nothing
+                    } else {
+                        Writes::PerToken(row[..lens[b]].iter().map(|&x| x as usize).collect())
+                    },
+                };
+                start += lens[b];
+                s
+            })
+            .collect();
+        let exp = reference(&p, &seqs);
+        assert!(exp.states.len() == 12, "the case writes twelve states");
+        for (name, isa) in [("export", None), ("reference", Some(Isa::Scalar))] {
+            let mut a = p.clone_all();
+            let code = match isa {
+                None => a.call(std::ptr::null()),
+                Some(isa) => a.call_with(isa, Path::Auto, std::ptr::null()),
+            };
+            assert_eq!(code, SSMK_OK, "{}", common::last_error());
+            verify(&p, &a, &exp, &format!("speculative {name} state {state:?}"));
+        }
+    }
+}
+
+/// Pad slots give zero rows and leave the pool alone; NULL `has_initial_state` starts from zeros;
+/// NULL `state` starts from zeros and writes nothing; zero-length sequences write their initial
+/// state back (zeros without one).
+#[test]
+fn padding_null_arguments_and_empty_sequences() {
+    let lens = [4usize, 0, 66, 0, 1];
+    let mut p = Gdn::new(
+        600,
+        71,
+        2,
+        4,
+        32,
+        32,
+        DType::BF16,
+        Some((DType::BF16, 6)),
+        true,
+    )
+    .with_seqs(&lens);
+    p.idx = Some(Tensor::ints(DType::I32, &[PAD, 4, 2, 0, PAD]));
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 1, 0, 1]));
+    let mut a = p.clone_all();
+    assert_eq!(
+        a.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    verify(
+        &p,
+        &a,
+        &reference(&p, &plain_seqs(&p)),
+        "pad slots and empty sequences",
+    );
+    // Slot 4 (zero-length, initial state) is bit-identical; slot 0 (zero-length, none) is zero.
+    let (sb, sa) = (p.state.as_ref().unwrap(), a.state.as_ref().unwrap());
+    let slot_bytes = 4 * 32 * 32 * 2;
+    assert!(
+        sa.bytes()[4 * slot_bytes..5 * slot_bytes] == sb.bytes()[4 * slot_bytes..5 * slot_bytes]
+    );
+    assert!(sa.bytes()[..slot_bytes].iter().all(|&x| x == 0));
+
+    let mut p = Gdn::new(
+        601,
+        70,
+        2,
+        4,
+        32,
+        32,
+        DType::BF16,
+        Some((DType::F32, 3)),
+        false,
+    )
+    .with_seqs(&[1, 69]);
+    let mut a = p.clone_all();
+    assert_eq!(
+        a.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    verify(
+        &p,
+        &a,
+        &reference(&p, &plain_seqs(&p)),
+        "NULL has_initial_state",
+    );
+
+    p.state = None;
+    p.idx = Some(Tensor::ints(DType::I32, &[PAD, 12345]));
+    let mut a = p.clone_all();
+    assert_eq!(
+        a.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    verify(&p, &a, &reference(&p, &plain_seqs(&p)), "NULL state");
+}
+
+/// Results are bitwise identical on one and two threads.
+#[test]
+fn one_and_two_threads_bitwise_equal() {
+    let lens = [1usize, 130, 1, 65, 2, 1];
+    let mut p = Gdn::new(
+        700,
+        lens.iter().sum(),
+        2,
+        4,
+        64,
+        64,
+        DType::BF16,
+        Some((DType::F32, 6)),
+        true,
+    )
+    .with_seqs(&lens);
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 0, 1, 1, 1]));
+    let mut results = Vec::new();
+    for threads in [1, 2] {
+        let ctx = ssmk_context_create(threads);
+        let mut a = p.clone_all();
+        assert_eq!(a.call(ctx), SSMK_OK, "{}", common::last_error());
+        unsafe { ssmk_context_destroy(ctx) };
+        results.push((a.out.bytes(), a.state.as_ref().unwrap().bytes()));
+    }
+    assert!(results[0] == results[1], "1 vs 2 threads differ");
+}
+
+/// Every ISA level this CPU runs, each path, against the crate's f64 reference (`Isa::Scalar`);
+/// odd K and V with SIMD tails, and every state dtype.
+#[test]
+fn every_isa_matches_crate_reference() {
+    for (dims, state) in [
+        ((45, 36), DType::F32),
+        ((32, 20), DType::BF16),
+        ((16, 7), DType::F16),
+    ] {
+        every_isa_case(dims, state);
+    }
+}
+
+fn every_isa_case(dims: (usize, usize), state: DType) {
+    let lens = [1usize, 3, 64, 129, 1];
+    let mut p = Gdn::new(
+        800,
+        lens.iter().sum(),
+        2,
+        4,
+        dims.0,
+        dims.1,
+        DType::BF16,
+        Some((state, 5)),
+        true,
+    )
+    .with_seqs(&lens);
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 1, 1, 0]));
+    let mut want = p.clone_all();
+    assert_eq!(
+        want.call_with(Isa::Scalar, Path::Auto, std::ptr::null()),
+        SSMK_OK
+    );
+    for isa in Isa::supported() {
+        for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
+            let mut a = p.clone_all();
+            assert_eq!(
+                a.call_with(isa, path, std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            for (x, y) in [
+                (&a.out, &want.out),
+                (a.state.as_ref().unwrap(), want.state.as_ref().unwrap()),
+            ] {
+                let t = tol(x.dtype);
+                for (i, (g, w)) in values(x).iter().zip(values(y)).enumerate() {
+                    assert!(
+                        close(*g, w, t),
+                        "{isa:?} {path:?}: [{i}] {g} vs reference {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `ssmk_gdn_gating` against f64 math.
+#[test]
+fn gating_matches_reference() {
+    for (n, hv, beta_dtype, sp_beta, threshold) in [
+        (1, 4, DType::BF16, 1.0f32, 20.0f32),
+        (9, 8, DType::F32, 1.0, 20.0),
+        (40, 8, DType::F16, 2.0, 5.0),
+        (300, 32, DType::BF16, 1.0, 20.0),
+    ] {
+        let mut rng = Rng::new(n as u64);
+        let mut a_log = Tensor::zeros(DType::F32, &[hv]);
+        let mut a = Tensor::zeros(DType::BF16, &[n, hv]);
+        let mut b = Tensor::zeros(DType::BF16, &[n, hv]);
+        let mut dt_bias = Tensor::zeros(DType::BF16, &[hv]);
+        fill(&mut a_log, &mut rng, |u| 3.0 * u - 1.0);
+        fill(&mut a, &mut rng, |u| 30.0 * u - 12.0); // crosses the threshold both ways
+        fill(&mut b, &mut rng, |u| 16.0 * u - 8.0);
+        fill(&mut dt_bias, &mut rng, |u| u - 0.5);
+        let g = Tensor::zeros(DType::F32, &[n, hv]);
+        let beta = Tensor::zeros(beta_dtype, &[n, hv]);
+        let (da, dx, db, dd, dg, dbeta) = (
+            a_log.desc(),
+            a.desc(),
+            b.desc(),
+            dt_bias.desc(),
+            g.desc(),
+            beta.desc(),
+        );
+        let code = unsafe {
+            ssmk_gdn_gating(
+                std::ptr::null(),
+                &da,
+                &dx,
+                &db,
+                &dd,
+                sp_beta,
+                threshold,
+                (&dg as *const ssmk_tensor).cast_mut(),
+                (&dbeta as *const ssmk_tensor).cast_mut(),
+            )
+        };
+        assert_eq!(code, SSMK_OK, "{}", common::last_error());
+        let bt = tol(beta_dtype);
+        for i in 0..n {
+            for h in 0..hv {
+                let x = a.get(&[i, h]) + dt_bias.get(&[h]);
+                let bx = sp_beta as f64 * x;
+                let sp = if bx > threshold as f64 {
+                    x
+                } else {
+                    bx.exp().ln_1p() / sp_beta as f64
+                };
+                let want_g = -a_log.get(&[h]).exp() * sp;
+                let got_g = g.get(&[i, h]);
+                assert!(
+                    (got_g - want_g).abs() <= 1e-6 + 1e-5 * want_g.abs(),
+                    "g[{i}][{h}] = {got_g} vs {want_g}"
+                );
+                let want_b = 1.0 / (1.0 + (-b.get(&[i, h])).exp());
+                let got_b = beta.get(&[i, h]);
+                assert!(
+                    close(got_b, want_b, bt),
+                    "beta[{i}][{h}] = {got_b} vs {want_b}"
+                );
+            }
+        }
+    }
+}
+
+/// Every bad gating input is rejected with its message and nothing written.
+#[test]
+fn gating_rejects_bad_inputs() {
+    let a_log = Tensor::zeros(DType::F32, &[4]);
+    let a = Tensor::zeros(DType::BF16, &[3, 4]);
+    let b = Tensor::zeros(DType::BF16, &[3, 4]);
+    let dt_bias = Tensor::zeros(DType::BF16, &[4]);
+    let mut g = Tensor::zeros(DType::F32, &[3, 4]);
+    fill(&mut g, &mut Rng::new(1), |u| u + 1.0);
+    let beta = Tensor::zeros(DType::BF16, &[3, 4]);
+    let wrong = Tensor::zeros(DType::BF16, &[3, 5]);
+    let g_bf16 = Tensor::zeros(DType::BF16, &[3, 4]);
+    type Edit<'a> = Box<dyn Fn(&mut [ssmk_tensor; 6], &mut f32, &mut f32) + 'a>;
+    let cases: Vec<(Edit, i32, &str)> = vec![
+        (
+            Box::new(|d, _, _| d[1] = wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "a.shape[1] = 5",
+        ),
+        (
+            Box::new(|d, _, _| d[2] = wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "b.shape[1] = 5",
+        ),
+        (
+            Box::new(|d, _, _| d[4] = g_bf16.desc()),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "g.dtype = bfloat16",
+        ),
+        (
+            Box::new(|d, _, _| d[3].ndim = 2),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "dt_bias.ndim",
+        ),
+        (
+            Box::new(|_, sb, _| *sb = 0.0),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "softplus_beta = 0",
+        ),
+        (
+            Box::new(|_, _, th| *th = f32::NAN),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "softplus_threshold",
+        ),
+        (
+            Box::new(|d, _, _| d[5].data = d[1].data),
+            SSMK_ERR_ALIASING,
+            "beta bytes",
+        ),
+        (
+            Box::new(|d, _, _| d[5].data = d[4].data),
+            SSMK_ERR_ALIASING,
+            "overlap",
+        ),
+        (
+            Box::new(|d, _, _| d[0].device.device_type = 2),
+            SSMK_ERR_UNSUPPORTED_DEVICE,
+            "A_log.device",
+        ),
+    ];
+    let g_before = g.bytes();
+    for (edit, status, fragment) in cases {
+        let mut d = [
+            a_log.desc(),
+            a.desc(),
+            b.desc(),
+            dt_bias.desc(),
+            g.desc(),
+            beta.desc(),
+        ];
+        let (mut sb, mut th) = (1.0f32, 20.0f32);
+        edit(&mut d, &mut sb, &mut th);
+        let code = unsafe {
+            ssmk_gdn_gating(
+                std::ptr::null(),
+                &d[0],
+                &d[1],
+                &d[2],
+                &d[3],
+                sb,
+                th,
+                &mut d[4],
+                &mut d[5],
+            )
+        };
+        assert_error(code, status, &[fragment]);
+        assert!(
+            g.bytes() == g_before && beta.bytes().iter().all(|&x| x == 0),
+            "{fragment}: an output was written"
+        );
+    }
+    let code = unsafe {
+        ssmk_gdn_gating(
+            std::ptr::null(),
+            std::ptr::null(),
+            &a.desc(),
+            &b.desc(),
+            &dt_bias.desc(),
+            1.0,
+            20.0,
+            &mut g.desc(),
+            &mut beta.desc(),
+        )
+    };
+    assert_error(code, SSMK_ERR_NULL_POINTER, &["A_log is NULL"]);
+}
+
+/// Every bad delta-rule input of ABI.md is rejected with its message, and no out or state byte changes.
+#[test]
+fn delta_rule_rejects_bad_inputs() {
+    let base = || {
+        let mut p = Gdn::new(900, 7, 2, 4, 8, 8, DType::BF16, Some((DType::F32, 4)), true)
+            .with_seqs(&[3, 4]);
+        p.idx = Some(Tensor::ints(DType::I32, &[1, 2]));
+        p.init = Some(Tensor::ints(DType::Bool, &[1, 0]));
+        p
+    };
+    let spec = || {
+        let mut p = base();
+        let mut idx = Tensor::zeros(DType::I32, &[2, 4]);
+        for (i, v) in [0, 1, 2, 3].iter().enumerate() {
+            idx.set(&[0, i], *v as f64);
+        }
+        for i in 0..4 {
+            idx.set(&[1, i], PAD as f64);
+        }
+        p.idx = Some(idx);
+        p.accepted = Some(Tensor::ints(DType::I32, &[1, 1]));
+        p
+    };
+    let k_wrong = Tensor::zeros(DType::BF16, &[7, 2, 9]);
+    let v_wrong = Tensor::zeros(DType::BF16, &[7, 3, 8]);
+    let g_bf16 = Tensor::zeros(DType::BF16, &[7, 4]);
+    let beta_wrong = Tensor::zeros(DType::BF16, &[7, 5]);
+    let out_wrong = Tensor::zeros(DType::BF16, &[7, 4, 9]);
+    let out_int = Tensor::zeros(DType::I32, &[7, 4, 8]);
+    let state_wrong = Tensor::zeros(DType::F32, &[4, 4, 9, 8]);
+    let state_int = Tensor::zeros(DType::I32, &[4, 4, 8, 8]);
+    let zero_k = Tensor::zeros(DType::BF16, &[7, 2, 0]);
+    let acc_f32 = Tensor::zeros(DType::F32, &[2]);
+    let self_overlap_strides = [0i64, 8, 1];
+    type Setup<'a> = Box<dyn Fn(&mut Gdn) + 'a>;
+    type Edit<'a> = Box<dyn Fn(&mut Descs) + 'a>;
+    let none = || -> Setup { Box::new(|_| {}) };
+    let keep = || -> Edit { Box::new(|_| {}) };
+    let cases: Vec<(&str, Setup, Edit, i32, &str)> = vec![
+        (
+            "k shape",
+            none(),
+            Box::new(|d| d.k = k_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "k.shape[2] = 9, expected K = q.shape[2] = 8",
+        ),
+        (
+            "HV % H",
+            none(),
+            Box::new(|d| d.v = v_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "v.shape[1] = 3",
+        ),
+        (
+            "g dtype",
+            none(),
+            Box::new(|d| d.g = g_bf16.desc()),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "g.dtype = bfloat16",
+        ),
+        (
+            "beta shape",
+            none(),
+            Box::new(|d| d.beta = beta_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "beta.shape[1] = 5",
+        ),
+        (
+            "out shape",
+            none(),
+            Box::new(|d| d.out = out_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "out.shape[2] = 9",
+        ),
+        (
+            "out dtype",
+            none(),
+            Box::new(|d| d.out = out_int.desc()),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "out.dtype = int32",
+        ),
+        (
+            "state shape",
+            none(),
+            Box::new(|d| d.state = Some(state_wrong.desc())),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state.shape[2] = 9",
+        ),
+        (
+            "state dtype",
+            none(),
+            Box::new(|d| d.state = Some(state_int.desc())),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "state.dtype = int32",
+        ),
+        (
+            "K = 0",
+            none(),
+            Box::new(|d| {
+                d.q = zero_k.desc();
+                d.k = zero_k.desc()
+            }),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "q.shape[2] = 0",
+        ),
+        (
+            "flags",
+            none(),
+            Box::new(|d| d.flags = 2),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "flags = 0x2",
+        ),
+        (
+            "scale",
+            none(),
+            Box::new(|d| d.scale = f32::NAN),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "scale = NaN",
+        ),
+        (
+            "eps",
+            none(),
+            Box::new(|d| d.eps = -1.0),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "l2norm_eps = -1",
+        ),
+        (
+            "q NULL data",
+            none(),
+            Box::new(|d| d.q.data = std::ptr::null_mut()),
+            SSMK_ERR_NULL_POINTER,
+            "q.data is NULL",
+        ),
+        (
+            "device",
+            none(),
+            Box::new(|d| d.v.device.device_type = 2),
+            SSMK_ERR_UNSUPPORTED_DEVICE,
+            "v.device",
+        ),
+        (
+            "cu decreasing",
+            Box::new(|p| p.cu = Some(Tensor::ints(DType::I32, &[0, 5, 4]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "non-decreasing",
+        ),
+        (
+            "cu beyond T",
+            Box::new(|p| p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 8]))),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "cu_seqlens[2] = 8",
+        ),
+        (
+            "slot range",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[1, 4]))),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "state_indices[1] = 4",
+        ),
+        (
+            "slot negative",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[1, -2]))),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "state_indices[1] = -2",
+        ),
+        (
+            "duplicate slots",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[2, 2]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "distinct",
+        ),
+        (
+            "indices length",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[2]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state_indices.shape[0] = 1",
+        ),
+        (
+            "init length",
+            Box::new(|p| p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 0]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "has_initial_state.shape[0] = 3",
+        ),
+        (
+            "init without state",
+            none(),
+            Box::new(|d| d.state = None),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "has_initial_state[0] is true but state is NULL",
+        ),
+        (
+            "2-D indices",
+            Box::new(|p| p.idx = Some(Tensor::zeros(DType::I32, &[2, 2]))),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state_indices.ndim = 2",
+        ),
+        (
+            "out overlaps q",
+            none(),
+            Box::new(|d| d.out.data = d.q.data),
+            SSMK_ERR_ALIASING,
+            "out bytes",
+        ),
+        (
+            "state overlaps out",
+            none(),
+            Box::new(|d| d.state.as_mut().unwrap().data = d.out.data),
+            SSMK_ERR_ALIASING,
+            "state bytes",
+        ),
+        (
+            "out self-overlap",
+            none(),
+            Box::new(|d| d.out.strides = self_overlap_strides.as_ptr()),
+            SSMK_ERR_ALIASING,
+            "share memory",
+        ),
+        (
+            "spec n > Smax",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::ints(DType::I32, &[5, 1]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "num_accepted_tokens[0] = 5",
+        ),
+        (
+            "spec n < 0",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::ints(DType::I32, &[-1, 1]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "num_accepted_tokens[0] = -1",
+        ),
+        (
+            "spec accepted dtype",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor {
+                    ..acc_f32_clone(&acc_f32)
+                })
+            }),
+            keep(),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "num_accepted_tokens.dtype",
+        ),
+        (
+            "spec too long",
+            Box::new(|p| {
+                *p = spec();
+                p.cu = Some(Tensor::ints(DType::I32, &[0, 5, 7]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "sequence 0 has 5 tokens",
+        ),
+        (
+            "spec 1-D indices",
+            Box::new(|p| {
+                *p = spec();
+                p.idx = Some(Tensor::ints(DType::I32, &[0, 1]))
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "state_indices.ndim = 1",
+        ),
+        (
+            "spec NULL indices",
+            Box::new(|p| {
+                *p = spec();
+                p.idx = None
+            }),
+            keep(),
+            SSMK_ERR_NULL_POINTER,
+            "state_indices is NULL",
+        ),
+        (
+            "spec write slot range",
+            Box::new(|p| {
+                *p = spec();
+                p.idx.as_mut().unwrap().set(&[0, 2], 9.0)
+            }),
+            keep(),
+            SSMK_ERR_OUT_OF_BOUNDS,
+            "state_indices[0][2] = 9",
+        ),
+        (
+            "spec duplicate writes",
+            Box::new(|p| {
+                *p = spec();
+                p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
+                let i = p.idx.as_mut().unwrap();
+                for (c, v) in [4.0, 5.0, 2.0, 6.0].into_iter().enumerate() {
+                    i.set(&[1, c], v);
+                }
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "expected distinct slots for the states written",
+        ),
+        (
+            "spec read of another's write",
+            Box::new(|p| {
+                *p = spec();
+                p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 5]));
+                p.init = Some(Tensor::ints(DType::Bool, &[1, 1]));
+                p.accepted = Some(Tensor::ints(DType::I32, &[1, 3]));
+                let i = p.idx.as_mut().unwrap();
+                for (c, v) in [4.0, 5.0, 0.0, 7.0].into_iter().enumerate() {
+                    i.set(&[1, c], v);
+                }
+                p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
+            }),
+            keep(),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "sequence 1 reads slot 0",
+        ),
+    ];
+    for (name, setup, edit, status, fragment) in cases {
+        let mut p = base();
+        setup(&mut p);
+        let out_before = p.out.bytes();
+        let state_before = p.state.as_ref().map(|s| s.bytes());
+        let code = p.call_mut(edit, |d| unsafe { export(std::ptr::null(), d) });
+        assert_error(code, status, &[fragment]);
+        assert!(p.out.bytes() == out_before, "{name}: out was written");
+        assert!(
+            p.state.as_ref().map(|s| s.bytes()) == state_before,
+            "{name}: state was written"
+        );
+    }
+    let mut p = base();
+    let code = p.call_mut(
+        |_| {},
+        |d| unsafe {
+            ssmk_gated_delta_rule(
+                std::ptr::null(),
+                std::ptr::null(),
+                &d.k,
+                &d.v,
+                &d.g,
+                &d.beta,
+                0.0,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                0.0,
+                PAD,
+                (&d.out as *const ssmk_tensor).cast_mut(),
+            )
+        },
+    );
+    assert_error(code, SSMK_ERR_NULL_POINTER, &["q is NULL"]);
+}
+
+fn acc_f32_clone(t: &Tensor) -> Tensor {
+    Tensor {
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        strides: t.strides.clone(),
+        storage: t.storage.clone(),
+    }
+}
+
+/// Silences the unused-import lint for helpers only some tests use.
+#[allow(dead_code)]
+fn _uses(_: bf16) -> f32 {
+    <bf16 as Element>::to_f32(bf16::ZERO)
+}
+
+/// Rough throughput of the performance cases (run in release:
+/// `cargo test --release --test gdn perf -- --ignored --nocapture`). Prefill GFLOP/s count
+/// `2 T HV (3KV + 2CK + 2CV)` with C = 64; decode GB/s count the state bytes read and written.
+#[test]
+#[ignore]
+fn perf_report() {
+    let time = |p: &mut Gdn, isa: Isa, path: Path, threads: u32, reps: usize| -> f64 {
+        let ctx = ssmk_context_create(threads);
+        assert_eq!(
+            p.call_with(isa, path, ctx),
+            SSMK_OK,
+            "{}",
+            common::last_error()
+        ); // warm-up
+        // On a shared machine wall time includes other processes' turns; with one thread the
+        // calling thread's CPU time is the better measure, so take the smaller of the two.
+        let cpu = || {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+        };
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let (t0, c0) = (std::time::Instant::now(), cpu());
+            assert_eq!(p.call_with(isa, path, ctx), SSMK_OK);
+            let wall = t0.elapsed().as_secs_f64();
+            best = best.min(if threads == 1 {
+                wall.min(cpu() - c0)
+            } else {
+                wall
+            });
+        }
+        unsafe { ssmk_context_destroy(ctx) };
+        best
+    };
+    let (h, hv, kd, vd) = (16, 32, 128, 128);
+    let isa = Isa::detected();
+    if std::env::var("GDN_PERF").as_deref() == Ok("crossover") {
+        for len in [8usize, 16, 24, 32, 48, 64, 128] {
+            let b = 2048 / len;
+            let mut p = Gdn::new(
+                3,
+                b * len,
+                h,
+                hv,
+                kd,
+                vd,
+                DType::BF16,
+                Some((DType::F32, b)),
+                true,
+            )
+            .with_seqs(&vec![len; b]);
+            p.init = Some(Tensor::ints(DType::Bool, &vec![1; b]));
+            let r = time(&mut p, isa, Path::Recurrent, 1, 3);
+            let c = time(&mut p, isa, Path::Chunked, 1, 3);
+            println!(
+                "{b} x {len}: recurrent {:.1} ms, chunked {:.1} ms",
+                r * 1e3,
+                c * 1e3
+            );
+        }
+        return;
+    }
+    // GDN_PERF=decode or =prefill runs one part (for profiling).
+    let only = std::env::var("GDN_PERF").unwrap_or_default();
+    let paths: &[Path] = if only == "chunked" {
+        &[Path::Chunked]
+    } else {
+        &[Path::Chunked, Path::Recurrent]
+    };
+    let prefill_cases: &[&[usize]] = if only == "decode" {
+        &[]
+    } else {
+        &[&[2048], &[512, 512, 512, 512]]
+    };
+    for &lens in prefill_cases {
+        let t: usize = lens.iter().sum();
+        let mut p = Gdn::new(
+            1,
+            t,
+            h,
+            hv,
+            kd,
+            vd,
+            DType::BF16,
+            Some((DType::F32, lens.len())),
+            true,
+        )
+        .with_seqs(lens);
+        p.init = Some(Tensor::ints(DType::Bool, &vec![1; lens.len()]));
+        let flops = 2.0 * (t * hv) as f64 * (3 * kd * vd + 2 * 64 * kd + 2 * 64 * vd) as f64;
+        for &path in paths {
+            for threads in [1, 2] {
+                let s = time(&mut p, isa, path, threads, 3);
+                println!(
+                    "prefill {}x{} {isa:?} {path:?} {threads} thread(s): {:.1} ms, {:.1} GFLOP/s",
+                    lens.len(),
+                    lens[0],
+                    s * 1e3,
+                    flops / s / 1e9
+                );
+            }
+        }
+        if lens.len() == 4 && only.is_empty() {
+            let s = time(&mut p, Isa::Scalar, Path::Auto, 2, 1);
+            println!(
+                "prefill {}x{} f64 reference 2 threads: {:.1} ms, {:.2} GFLOP/s",
+                lens.len(),
+                lens[0],
+                s * 1e3,
+                flops / s / 1e9
+            );
+        }
+    }
+    let b = 64;
+    let mut p = Gdn::new(
+        2,
+        b,
+        h,
+        hv,
+        kd,
+        vd,
+        DType::BF16,
+        Some((DType::F32, b)),
+        true,
+    )
+    .with_seqs(&vec![1; b]);
+    p.init = Some(Tensor::ints(DType::Bool, &vec![1; b]));
+    let bytes = 2.0 * (b * hv * kd * vd * 4) as f64;
+    for threads in [1, 2] {
+        let s = time(&mut p, isa, Path::Auto, threads, 10);
+        println!(
+            "decode B={b} {isa:?} {threads} thread(s): {:.2} ms, {:.1} GB/s of state",
+            s * 1e3,
+            bytes / s / 1e9
+        );
+    }
+    // Same-run memcpy baseline over the same byte count (half read, half written).
+    let n = b * hv * kd * vd;
+    let src = vec![1f32; n];
+    let mut dst = vec![0f32; n];
+    let mut best = f64::MAX;
+    for _ in 0..10 {
+        let t0 = std::time::Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    println!(
+        "memcpy of the state bytes: {:.2} ms, {:.1} GB/s",
+        best * 1e3,
+        bytes / best / 1e9
+    );
+    let s = time(&mut p, Isa::Scalar, Path::Auto, 1, 1);
+    println!(
+        "decode B={b} f64 reference 1 thread: {:.2} ms, {:.1} GB/s of state",
+        s * 1e3,
+        bytes / s / 1e9
+    );
+}

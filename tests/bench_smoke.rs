@@ -19,7 +19,17 @@ fn quick_bench_runs_and_writes_json() {
     );
     println!("{stdout}");
     let text = std::fs::read_to_string(&json).unwrap();
-    for op in ["batch_memcpy", "zero_blocks"] {
+    for op in [
+        "batch_memcpy",
+        "zero_blocks",
+        "causal_conv1d_fwd",
+        "causal_conv1d_update",
+        "short_conv",
+        "LFM2 layer step",
+        "gated_delta_rule prefill",
+        "gated_delta_rule decode",
+        "Qwen3-Next GDN layer step",
+    ] {
         assert!(
             text.contains(&format!("\"op\": \"{op}\"")),
             "{op} missing from {text}"

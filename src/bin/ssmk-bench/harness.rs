@@ -66,6 +66,20 @@ pub fn time(cfg: &Config, mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
+/// Median of three single calls: for slow reference kernels, where `time`'s repetitions would
+/// cost minutes.
+pub fn time_slow(cfg: &Config, mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..cfg.pick(3, 1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
 /// Panics with the library's message unless `status` is SSMK_OK (the bench only runs valid calls).
 pub fn ok(status: i32) {
     if status != 0 {
@@ -132,6 +146,8 @@ unsafe fn fma_loop_avx2(iters: usize) -> f32 {
 pub enum Work {
     /// Bytes moved (read + written).
     Bytes(f64),
+    /// Floating-point operations.
+    Flops(f64),
 }
 
 /// One line of the result table.
@@ -154,6 +170,7 @@ impl Row {
     pub fn rate(&self) -> (f64, &'static str) {
         match self.work {
             Work::Bytes(b) => (b / self.seconds / 1e9, "GB/s"),
+            Work::Flops(f) => (f / self.seconds / 1e9, "GFLOP/s"),
         }
     }
 }
@@ -244,7 +261,7 @@ fn json_str(s: &str) -> String {
 
 pub fn print_header() {
     println!(
-        "{:<28} {:<34} {:<9} {:>3} {:>11} {:>14} {:>24} {:>8}  note",
+        "{:<26} {:<40} {:<17} {:>3} {:>11} {:>15} {:>24} {:>8}  note",
         "op", "shape", "dtype", "thr", "median", "rate", "vs same-run baseline", "vs ref"
     );
 }
@@ -262,7 +279,7 @@ fn print_row(r: &Row) {
         .map_or("-".into(), |(name, x)| format!("{x:.2}x {name}"));
     let reference = r.vs_reference.map_or("-".into(), |x| format!("{x:.1}x"));
     println!(
-        "{:<28} {:<34} {:<9} {:>3} {:>11} {:>9.2} {:<7} {:>21} {:>8}  {}",
+        "{:<26} {:<40} {:<17} {:>3} {:>11} {:>7.2} {:<7} {:>24} {:>8}  {}",
         r.op, r.shape, r.dtype, r.threads, time, rate, unit, baseline, reference, r.note
     );
 }

@@ -6,6 +6,7 @@
 
 mod buffers;
 mod conv;
+mod gdn;
 mod harness;
 mod memory;
 mod short_conv;
@@ -17,7 +18,7 @@ type Suite = fn(&Config, &mut Report);
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv]"
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn]"
     );
     std::process::exit(2)
 }
@@ -65,10 +66,11 @@ fn main() {
         format!("{:.1}", report.fma_peak_gflops),
     );
     harness::print_header();
-    let suites: [(&str, Suite); 3] = [
+    let suites: [(&str, Suite); 4] = [
         ("memory", memory::run),
         ("conv", conv::run),
         ("short_conv", short_conv::run),
+        ("gdn", gdn::run),
     ];
     for (name, run) in suites {
         if only.as_deref().is_none_or(|o| o == name) {

@@ -249,6 +249,25 @@ inline void short_conv(const context& ctx, const tensor& bcx, const tensor& weig
                         pad_slot_id, out.get()));
 }
 
+/** ssmk_gdn_gating: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b). Throws ssmk::error. */
+inline void gdn_gating(const context& ctx, const tensor& a_log, const tensor& a, const tensor& b,
+                       const tensor& dt_bias, float softplus_beta, float softplus_threshold, tensor& g,
+                       tensor& beta) {
+  check(ssmk_gdn_gating(ctx.get(), a_log.get(), a.get(), b.get(), dt_bias.get(), softplus_beta, softplus_threshold,
+                        g.get(), beta.get()));
+}
+
+/** ssmk_gated_delta_rule; optional arguments are nullptr when absent. Throws ssmk::error. */
+inline void gated_delta_rule(const context& ctx, const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                             const tensor& beta, float scale, tensor* state, const tensor* cu_seqlens,
+                             const tensor* state_indices, const tensor* has_initial_state,
+                             const tensor* num_accepted_tokens, uint32_t flags, float l2norm_eps,
+                             int64_t pad_slot_id, tensor& out) {
+  check(ssmk_gated_delta_rule(ctx.get(), q.get(), k.get(), v.get(), g.get(), beta.get(), scale, detail::opt(state),
+                              detail::opt(cu_seqlens), detail::opt(state_indices), detail::opt(has_initial_state),
+                              detail::opt(num_accepted_tokens), flags, l2norm_eps, pad_slot_id, out.get()));
+}
+
 }  // namespace ssmk
 
 #endif /* SSMK_HPP */

@@ -213,5 +213,43 @@ class Conv(unittest.TestCase):
         self.assertEqual(fused.tobytes(), composed.tobytes())
 
 
+class GatedDeltaNet(unittest.TestCase):
+    def test_gating_matches_formula(self):
+        N, HV = 2, 3
+        a_log = array.array("f", [0.2, -0.4, 0.0])
+        dt = array.array("f", [0.1, 0.0, 30.0])
+        a = array.array("f", [math.sin(i) for i in range(N * HV)])
+        b = array.array("f", [math.cos(i) for i in range(N * HV)])
+        g = array.array("f", [0.0] * (N * HV))
+        beta = array.array("f", [0.0] * (N * HV))
+        ssmk.gdn_gating(a_log, ssmk.tensor(a, shape=(N, HV)), ssmk.tensor(b, shape=(N, HV)), dt,
+                        ssmk.tensor(g, shape=(N, HV)), ssmk.tensor(beta, shape=(N, HV)))
+        for n in range(N):
+            for h in range(HV):
+                x = a[n * HV + h] + dt[h]
+                sp = x if x > 20 else math.log1p(math.exp(x))
+                self.assertAlmostEqual(g[n * HV + h], -math.exp(a_log[h]) * sp, delta=1e-5 * (1 + abs(sp)))
+                self.assertAlmostEqual(beta[n * HV + h], 1 / (1 + math.exp(-b[n * HV + h])), delta=1e-6)
+
+    def test_delta_rule_first_token_from_zero_state(self):
+        # From a zero state: S = k (x) beta v, o = scale * (k . q) * beta * v.
+        K, V = 4, 2
+        q = array.array("f", [0.5, -1.0, 2.0, 0.25])
+        k = array.array("f", [1.0, 0.5, -0.5, 2.0])
+        v = array.array("f", [3.0, -1.0])
+        out = array.array("f", [0.0] * V)
+        state = array.array("f", [9.0] * (K * V))
+        ssmk.gated_delta_rule(ssmk.tensor(q, shape=(1, 1, K)), ssmk.tensor(k, shape=(1, 1, K)),
+                              ssmk.tensor(v, shape=(1, 1, V)), ssmk.tensor(array.array("f", [-0.3]), shape=(1, 1)),
+                              ssmk.tensor(array.array("f", [0.5]), shape=(1, 1)), ssmk.tensor(out, shape=(1, 1, V)),
+                              state=ssmk.tensor(state, shape=(1, 1, K, V)), scale=0.5)
+        kq = sum(a * b for a, b in zip(k, q))
+        for j in range(V):
+            self.assertAlmostEqual(out[j], 0.5 * kq * 0.5 * v[j], delta=1e-5)
+        for i in range(K):
+            for j in range(V):
+                self.assertAlmostEqual(state[i * V + j], k[i] * 0.5 * v[j], delta=1e-6)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

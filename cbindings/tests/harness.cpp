@@ -218,4 +218,74 @@ TEST_CASE(short_conv_equals_composition) {
   CHECK(st1 == st2);
 }
 
+TEST_CASE(hpp_gated_delta_rule_decode_matches_double_recurrence) {
+  // One decode token for two sequences (slots 1 and 0), H = 1, HV = 2 (GQA), K = 8, V = 4.
+  const int B = 2, H = 1, HV = 2, K = 8, V = 4, S = 2;
+  std::vector<float> q(B * H * K), k(B * H * K), v(B * HV * V), g(B * HV), beta(B * HV), out(B * HV * V);
+  std::vector<float> state(S * HV * K * V);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.5 * i), k[i] = std::cos(0.3 * i);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.7 * i + 1);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = -0.1f * (i + 1), beta[i] = 0.3f + 0.1f * i;
+  for (size_t i = 0; i < state.size(); ++i) state[i] = 0.05f * std::cos(0.2 * i);
+  const std::vector<float> state0 = state;
+  std::vector<int32_t> cu = {0, 1, 2}, idx = {1, 0};
+  std::vector<uint8_t> init = {1, 1};
+  ssmk::context ctx(2);
+  ssmk::view<float> qv(q.data(), {B, H, K}), kv(k.data(), {B, H, K}), vv(v.data(), {B, HV, V}), gv(g.data(), {B, HV}),
+      bv(beta.data(), {B, HV}), sv(state.data(), {S, HV, K, V}), ov(out.data(), {B, HV, V});
+  ssmk::view<int32_t> cv(cu.data(), {3}), iv(idx.data(), {2});
+  ssmk::view<uint8_t> hv(init.data(), {2});
+  const float scale = 0.25f;
+  ssmk::gated_delta_rule(ctx, qv, kv, vv, gv, bv, scale, &sv, &cv, &iv, &hv, nullptr, 0, 1e-6f, -1, ov);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < HV; ++h) {
+      const int slot = idx[b], qh = h / (HV / H);
+      const double a = std::exp(static_cast<double>(g[b * HV + h]));
+      std::vector<double> s(K * V);
+      for (int i = 0; i < K * V; ++i) s[i] = a * state0[(slot * HV + h) * K * V + i];
+      for (int j = 0; j < V; ++j) {
+        double kts = 0;
+        for (int i = 0; i < K; ++i) kts += s[i * V + j] * k[(b * H + qh) * K + i];
+        const double delta = beta[b * HV + h] * (v[(b * HV + h) * V + j] - kts);
+        for (int i = 0; i < K; ++i) s[i * V + j] += k[(b * H + qh) * K + i] * delta;
+      }
+      for (int j = 0; j < V; ++j) {
+        double o = 0;
+        for (int i = 0; i < K; ++i) o += s[i * V + j] * q[(b * H + qh) * K + i];
+        CHECK(std::fabs(out[(b * HV + h) * V + j] - scale * o) <= 1e-5 * (1 + std::fabs(o)));
+      }
+      for (int i = 0; i < K * V; ++i)
+        CHECK(std::fabs(state[(slot * HV + h) * K * V + i] - s[i]) <= 1e-5 * (1 + std::fabs(s[i])));
+    }
+  // HV not a multiple of H is refused with the argument named.
+  ssmk::view<float> v3(v.data(), {B, 3, 2});
+  bool threw = false;
+  try {
+    ssmk::gated_delta_rule(ctx, qv, kv, v3, gv, bv, scale, &sv, &cv, &iv, &hv, nullptr, 0, 1e-6f, -1, ov);
+  } catch (const ssmk::error& e) {
+    threw = e.status() == SSMK_ERR_INVALID_ARGUMENT;
+  }
+  CHECK(threw);
+}
+
+TEST_CASE(hpp_gdn_gating_matches_formula) {
+  const int N = 3, HV = 4;
+  std::vector<float> a_log = {0.1f, -0.5f, 0.0f, 1.0f}, dt = {0.2f, 0.0f, -0.3f, 25.0f}, a(N * HV), b(N * HV),
+                     g(N * HV), beta(N * HV);
+  for (int i = 0; i < N * HV; ++i) a[i] = std::sin(1.1 * i) * 3, b[i] = std::cos(0.9 * i) * 2;
+  ssmk::context ctx(1);
+  ssmk::view<float> al(a_log.data(), {HV}), av(a.data(), {N, HV}), bv(b.data(), {N, HV}), dv(dt.data(), {HV}),
+      gv(g.data(), {N, HV}), betav(beta.data(), {N, HV});
+  ssmk::gdn_gating(ctx, al, av, bv, dv, 1.0f, 20.0f, gv, betav);
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < HV; ++h) {
+      const double x = a[n * HV + h] + dt[h];
+      const double sp = x > 20.0 ? x : std::log1p(std::exp(x));
+      const double want_g = -std::exp(static_cast<double>(a_log[h])) * sp;
+      const double want_beta = 1.0 / (1.0 + std::exp(-static_cast<double>(b[n * HV + h])));
+      CHECK(std::fabs(g[n * HV + h] - want_g) <= 1e-5 * (1 + std::fabs(want_g)));
+      CHECK(std::fabs(beta[n * HV + h] - want_beta) <= 1e-6);
+    }
+}
+
 int main() { return check::run_all(); }

@@ -220,6 +220,35 @@ inline void zero_blocks_multi(const context& ctx, tensor* const* caches, size_t 
   check(ssmk_zero_blocks_multi(ctx.get(), raw.data(), n, block_ids.get()));
 }
 
+/** ssmk_causal_conv1d_fwd; optional arguments are nullptr when absent. Throws ssmk::error. */
+inline void causal_conv1d_fwd(const context& ctx, const tensor& x, const tensor& weight, const tensor* bias,
+                              tensor* conv_states, const tensor* query_start_loc, const tensor* cache_indices,
+                              const tensor* has_initial_state, uint32_t activation, int64_t pad_slot_id,
+                              tensor& out) {
+  check(ssmk_causal_conv1d_fwd(ctx.get(), x.get(), weight.get(), detail::opt(bias), detail::opt(conv_states),
+                               detail::opt(query_start_loc), detail::opt(cache_indices),
+                               detail::opt(has_initial_state), activation, pad_slot_id, out.get()));
+}
+
+/** ssmk_causal_conv1d_update; throws ssmk::error. */
+inline void causal_conv1d_update(const context& ctx, const tensor& x, tensor& conv_states, const tensor& weight,
+                                 const tensor* bias, const tensor* conv_state_indices,
+                                 const tensor* num_accepted_tokens, uint32_t activation, int64_t pad_slot_id,
+                                 tensor& out) {
+  check(ssmk_causal_conv1d_update(ctx.get(), x.get(), conv_states.get(), weight.get(), detail::opt(bias),
+                                  detail::opt(conv_state_indices), detail::opt(num_accepted_tokens), activation,
+                                  pad_slot_id, out.get()));
+}
+
+/** ssmk_short_conv (LFM2: out = C * conv(B * x)); throws ssmk::error. */
+inline void short_conv(const context& ctx, const tensor& bcx, const tensor& weight, const tensor* bias,
+                       tensor* conv_states, const tensor* query_start_loc, const tensor* cache_indices,
+                       const tensor* has_initial_state, int64_t pad_slot_id, tensor& out) {
+  check(ssmk_short_conv(ctx.get(), bcx.get(), weight.get(), detail::opt(bias), detail::opt(conv_states),
+                        detail::opt(query_start_loc), detail::opt(cache_indices), detail::opt(has_initial_state),
+                        pad_slot_id, out.get()));
+}
+
 }  // namespace ssmk
 
 #endif /* SSMK_HPP */

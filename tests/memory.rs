@@ -33,7 +33,7 @@ fn serial_memmove(pool: &mut [u8], entries: &[Entry]) {
     }
 }
 
-fn run_batch(ctx: &Ctx, pool: &mut [u8], entries: &[Entry]) -> i32 {
+fn run_batch(ctx: *const ssmk_context, pool: &mut [u8], entries: &[Entry]) -> i32 {
     let base = pool.as_mut_ptr();
     let dst: Vec<*mut c_void> = entries
         .iter()
@@ -46,7 +46,7 @@ fn run_batch(ctx: &Ctx, pool: &mut [u8], entries: &[Entry]) -> i32 {
     let sizes: Vec<usize> = entries.iter().map(|e| e.2).collect();
     unsafe {
         ssmk_batch_memcpy(
-            ctx.0,
+            ctx,
             dst.as_ptr(),
             src.as_ptr(),
             sizes.as_ptr(),
@@ -68,7 +68,7 @@ fn check_batch(entries: &[Entry], pool_len: usize, seed: u64) {
         let ctx = Ctx::new(threads);
         let mut pool = init.clone();
         assert_eq!(
-            run_batch(&ctx, &mut pool, entries),
+            run_batch(ctx.0, &mut pool, entries),
             SSMK_OK,
             "{}",
             common::last_error()
@@ -380,26 +380,7 @@ fn one_context_shared_by_many_host_threads() {
                     let mut want = init.clone();
                     serial_memmove(&mut want, &entries);
                     let mut pool = init;
-                    let base = pool.as_mut_ptr();
-                    let dst: Vec<*mut c_void> = entries
-                        .iter()
-                        .map(|e| unsafe { base.add(e.0) }.cast())
-                        .collect();
-                    let src: Vec<*const c_void> = entries
-                        .iter()
-                        .map(|e| unsafe { base.add(e.1) }.cast_const().cast())
-                        .collect();
-                    let sizes: Vec<usize> = entries.iter().map(|e| e.2).collect();
-                    let code = unsafe {
-                        ssmk_batch_memcpy(
-                            ctx,
-                            dst.as_ptr(),
-                            src.as_ptr(),
-                            sizes.as_ptr(),
-                            entries.len(),
-                        )
-                    };
-                    assert_eq!(code, SSMK_OK);
+                    assert_eq!(run_batch(ctx, &mut pool, &entries), SSMK_OK);
                     assert!(pool == want);
                 }
             });

@@ -5,6 +5,7 @@ Run: SSMK_LIBRARY=/path/to/libssmk.so python3 cbindings/python/test_ssmk.py
 
 import array
 import ctypes
+import math
 import os
 import re
 import sys
@@ -136,6 +137,80 @@ class Memory(unittest.TestCase):
         bits = numpy.full((2, 8), ssmk.bf16_bits(3.0), dtype=numpy.uint16)
         ssmk.zero_blocks(ssmk.tensor(bits, dtype="bfloat16"), numpy.array([1]))
         self.assertTrue((bits[1] == 0).all() and (bits[0] == ssmk.bf16_bits(3.0)).all())
+
+
+def silu(v):
+    return v / (1.0 + math.exp(-v))
+
+
+class Conv(unittest.TestCase):
+    T, D, W = 7, 12, 4
+
+    def inputs(self):
+        T, D, W = self.T, self.D, self.W
+        x = array.array("f", [math.sin(0.3 * i) for i in range(T * D)])
+        w = array.array("f", [math.cos(0.2 * i) * 0.5 for i in range(D * W)])
+        states = array.array("f", [math.sin(0.1 * i) for i in range(2 * (W - 1) * D)])
+        return x, w, states
+
+    def test_fwd_matches_python_reference_and_updates_state(self):
+        T, D, W = self.T, self.D, self.W
+        x, w, states = self.inputs()
+        initial = list(states)
+        out = array.array("f", [0.0] * (T * D))
+        ssmk.causal_conv1d_fwd(
+            ssmk.tensor(x, shape=(T, D)), ssmk.tensor(w, shape=(D, W)), ssmk.tensor(out, shape=(T, D)),
+            conv_states=ssmk.tensor(states, shape=(2, W - 1, D)),
+            cache_indices=array.array("q", [1]), has_initial_state=array.array("B", [1]),
+            activation=ssmk.ACTIVATION_SILU, ctx=ssmk.Context(2))
+        hist = lambda rel, c: x[rel * D + c] if rel >= 0 else initial[((1 * (W - 1)) + (W - 1 + rel)) * D + c]
+        for t in range(T):
+            for c in range(D):
+                acc = sum(w[c * W + k] * hist(t + k - (W - 1), c) for k in range(W))
+                self.assertAlmostEqual(out[t * D + c], silu(acc), delta=1e-5 * (1 + abs(acc)))
+        for j in range(W - 1):
+            for c in range(D):
+                self.assertEqual(states[((W - 1) + j) * D + c], x[(T - (W - 1) + j) * D + c])
+        self.assertEqual(list(states[: (W - 1) * D]), initial[: (W - 1) * D], "slot 0 untouched")
+
+    def test_fwd_error_names_argument_and_writes_nothing(self):
+        T, D, W = self.T, self.D, self.W
+        x, w, states = self.inputs()
+        out = array.array("f", [5.0] * (T * D))
+        before = list(states)
+        with self.assertRaises(ssmk.SsmkError) as cm:
+            ssmk.causal_conv1d_fwd(
+                ssmk.tensor(x, shape=(T, D)), ssmk.tensor(w, shape=(D, W)), ssmk.tensor(out, shape=(T, D)),
+                conv_states=ssmk.tensor(states, shape=(2, W - 1, D)), cache_indices=array.array("q", [2]))
+        self.assertEqual(cm.exception.status, ssmk.ERR_OUT_OF_BOUNDS)
+        self.assertIn("cache_indices[0] = 2", cm.exception.message)
+        self.assertEqual(list(states), before)
+        self.assertEqual(list(out), [5.0] * (T * D))
+
+    def test_update_and_short_conv(self):
+        D, W = self.D, 3
+        x = array.array("f", [math.cos(0.4 * i) for i in range(2 * D)])
+        w = array.array("f", [math.sin(0.6 * i) for i in range(D * W)])
+        states = array.array("f", [0.25] * (2 * (W - 1) * D))
+        out = array.array("f", [0.0] * (2 * D))
+        ssmk.causal_conv1d_update(ssmk.tensor(x, shape=(2, D)), ssmk.tensor(states, shape=(2, W - 1, D)),
+                                  ssmk.tensor(w, shape=(D, W)), ssmk.tensor(out, shape=(2, D)))
+        for b in range(2):
+            for c in range(D):
+                want = w[c * W] * 0.25 + w[c * W + 1] * 0.25 + w[c * W + 2] * x[b * D + c]
+                self.assertAlmostEqual(out[b * D + c], want, delta=1e-5)
+        # ShortConv: f32 so the composition is easy to write here exactly.
+        T = 5
+        bcx = array.array("f", [math.sin(0.21 * i) for i in range(T * 3 * D)])
+        fused = array.array("f", [0.0] * (T * D))
+        ssmk.short_conv(ssmk.tensor(bcx, shape=(T, 3 * D)), ssmk.tensor(w, shape=(D, W)),
+                        ssmk.tensor(fused, shape=(T, D)))
+        bx = array.array("f", [bcx[t * 3 * D + c] * bcx[t * 3 * D + 2 * D + c] for t in range(T) for c in range(D)])
+        y = array.array("f", [0.0] * (T * D))
+        ssmk.causal_conv1d_fwd(ssmk.tensor(bx, shape=(T, D)), ssmk.tensor(w, shape=(D, W)),
+                               ssmk.tensor(y, shape=(T, D)))
+        composed = array.array("f", [bcx[t * 3 * D + D + c] * y[t * D + c] for t in range(T) for c in range(D)])
+        self.assertEqual(fused.tobytes(), composed.tobytes())
 
 
 if __name__ == "__main__":

@@ -121,4 +121,101 @@ TEST_CASE(hpp_half_conversions_round_to_nearest_even) {
   }
 }
 
+static float sigmoid_silu(double v) { return static_cast<float>(v / (1.0 + std::exp(-v))); }
+
+TEST_CASE(hpp_causal_conv1d_fwd_matches_double_reference_and_keeps_state) {
+  // Two sequences (lengths 5 and 3), D = 20 channels (vector body + scalar tail), W = 4, silu.
+  const int T = 8, D = 20, W = 4, S = 3, L = W - 1;
+  std::vector<float> x(T * D), w(D * W), b(D), st(S * L * D), out(T * D, -7.0f);
+  for (int i = 0; i < T * D; ++i) x[i] = std::sin(0.37 * i);
+  for (int i = 0; i < D * W; ++i) w[i] = std::cos(0.11 * i) * 0.5f;
+  for (int i = 0; i < D; ++i) b[i] = 0.01f * i;
+  for (int i = 0; i < S * L * D; ++i) st[i] = std::cos(0.05 * i);
+  const std::vector<float> st0 = st;
+  std::vector<int32_t> qsl = {0, 5, 8}, idx = {2, 0};
+  std::vector<uint8_t> init = {1, 0};
+  ssmk::context ctx(2);
+  ssmk::view<float> xv(x.data(), {T, D}), wv(w.data(), {D, W}), bv(b.data(), {D}), sv(st.data(), {S, L, D}),
+      ov(out.data(), {T, D});
+  ssmk::view<int32_t> qv(qsl.data(), {3}), iv(idx.data(), {2});
+  ssmk::view<uint8_t> hv(init.data(), {2});
+  ssmk::causal_conv1d_fwd(ctx, xv, wv, &bv, &sv, &qv, &iv, &hv, SSMK_ACTIVATION_SILU, -1, ov);
+  for (int seq = 0; seq < 2; ++seq) {
+    int start = qsl[seq], len = qsl[seq + 1] - start, slot = idx[seq];
+    for (int c = 0; c < D; ++c) {
+      auto input = [&](int rel) -> double {  // relative time, negative = history
+        if (rel >= 0) return x[(start + rel) * D + c];
+        return init[seq] ? st0[(slot * L + (L + rel)) * D + c] : 0.0;
+      };
+      for (int t = 0; t < len; ++t) {
+        double acc = b[c];
+        for (int k = 0; k < W; ++k) acc += w[c * W + k] * input(t + k - (W - 1));
+        float want = sigmoid_silu(acc), got = out[(start + t) * D + c];
+        CHECK(std::fabs(got - want) <= 1e-5f * (1 + std::fabs(want)));
+      }
+      for (int j = 0; j < L; ++j) CHECK(st[(slot * L + j) * D + c] == static_cast<float>(input(len - L + j)));
+    }
+  }
+  for (int c = 0; c < D; ++c) CHECK(st[(1 * L) * D + c] == st0[(1 * L) * D + c]);  // slot 1 unused
+
+  // A slot out of range: ssmk::error with the argument named, nothing written.
+  idx[1] = 7;
+  std::vector<float> before = out;
+  bool threw = false;
+  try {
+    ssmk::causal_conv1d_fwd(ctx, xv, wv, nullptr, &sv, &qv, &iv, nullptr, SSMK_ACTIVATION_NONE, -1, ov);
+  } catch (const ssmk::error& e) {
+    threw = e.status() == SSMK_ERR_OUT_OF_BOUNDS && contains(e.what(), "cache_indices[1] = 7");
+  }
+  CHECK(threw);
+  CHECK(out == before);
+}
+
+TEST_CASE(raw_c_update_equals_fwd_on_one_token) {
+  const int B = 3, D = 16, W = 3, L = 2;
+  std::vector<ssmk::bf16> x(B * D), w(D * W), st(B * L * D), st2, out1(B * D), out2(B * D);
+  for (int i = 0; i < B * D; ++i) x[i] = ssmk::bf16::from_float(std::sin(1.3 * i));
+  for (int i = 0; i < D * W; ++i) w[i] = ssmk::bf16::from_float(std::cos(0.7 * i));
+  for (int i = 0; i < B * L * D; ++i) st[i] = ssmk::bf16::from_float(std::sin(0.3 * i));
+  st2 = st;
+  ssmk::context ctx(1);
+  ssmk::view<ssmk::bf16> xv(x.data(), {B, D}), wv(w.data(), {D, W}), sv(st.data(), {B, L, D}),
+      sv2(st2.data(), {B, L, D}), o1(out1.data(), {B, D}), o2(out2.data(), {B, D});
+  ssmk::causal_conv1d_update(ctx, xv, sv, wv, nullptr, nullptr, nullptr, SSMK_ACTIVATION_NONE, -1, o1);
+  std::vector<int64_t> qsl = {0, 1, 2, 3};
+  std::vector<int32_t> init = {1, 1, 1};
+  ssmk::view<int64_t> qv(qsl.data(), {4});
+  ssmk::view<int32_t> hv(init.data(), {3});
+  CHECK_STATUS(ssmk_causal_conv1d_fwd(ctx.get(), xv.get(), wv.get(), nullptr, sv2.get(), qv.get(), nullptr, hv.get(),
+                                      SSMK_ACTIVATION_NONE, -1, o2.get()),
+               SSMK_OK);
+  CHECK(std::memcmp(out1.data(), out2.data(), out1.size() * 2) == 0);
+  CHECK(std::memcmp(st.data(), st2.data(), st.size() * 2) == 0);
+  // Unknown activation value: refused, named.
+  CHECK_STATUS(ssmk_causal_conv1d_update(ctx.get(), xv.get(), sv.get(), wv.get(), nullptr, nullptr, nullptr, 5, -1,
+                                         o1.get()),
+               SSMK_ERR_INVALID_ARGUMENT);
+  CHECK(contains(ssmk_last_error_message(), "activation = 5"));
+}
+
+TEST_CASE(short_conv_equals_composition) {
+  const int T = 6, D = 24, W = 3;
+  std::vector<float> bcx(T * 3 * D), w(D * W), fused(T * D), bx(T * D), y(T * D), composed(T * D);
+  for (int i = 0; i < T * 3 * D; ++i) bcx[i] = std::sin(0.29 * i);
+  for (int i = 0; i < D * W; ++i) w[i] = std::cos(0.17 * i);
+  std::vector<float> st1(1 * (W - 1) * D, 0.0f), st2 = st1;
+  ssmk::context ctx(2);
+  ssmk::view<float> bv(bcx.data(), {T, 3 * D}), wv(w.data(), {D, W}), fv(fused.data(), {T, D}),
+      s1(st1.data(), {1, W - 1, D}), s2(st2.data(), {1, W - 1, D});
+  ssmk::short_conv(ctx, bv, wv, nullptr, &s1, nullptr, nullptr, nullptr, -1, fv);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < D; ++c) bx[t * D + c] = bcx[t * 3 * D + c] * bcx[t * 3 * D + 2 * D + c];
+  ssmk::view<float> xv(bx.data(), {T, D}), yv(y.data(), {T, D});
+  ssmk::causal_conv1d_fwd(ctx, xv, wv, nullptr, &s2, nullptr, nullptr, nullptr, SSMK_ACTIVATION_NONE, -1, yv);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < D; ++c) composed[t * D + c] = bcx[t * 3 * D + D + c] * y[t * D + c];
+  CHECK(fused == composed);
+  CHECK(st1 == st2);
+}
+
 int main() { return check::run_all(); }

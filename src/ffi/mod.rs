@@ -5,9 +5,11 @@
 pub(crate) mod guard;
 
 pub mod context;
+pub mod conv;
 pub mod gdn;
 pub mod memory;
 pub mod sequences;
+pub mod short_conv;
 pub mod status;
 
 pub use context::ssmk_context;

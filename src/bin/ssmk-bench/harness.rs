@@ -135,6 +135,7 @@ pub enum Work {
 }
 
 /// One line of the result table.
+#[derive(Clone)]
 pub struct Row {
     pub op: String,
     pub shape: String,
@@ -160,9 +161,21 @@ impl Row {
 pub struct Report {
     pub rows: Vec<Row>,
     pub facts: Vec<(String, String)>,
+    /// Same-run baselines every suite compares against.
+    pub memcpy_gbps: f64,
+    pub fma_peak_gflops: f64,
 }
 
 impl Report {
+    /// Pushes `row` with its rate divided by a same-run baseline rate of the same unit.
+    pub fn push_against(&mut self, row: Row, baseline: &str, baseline_rate: f64) {
+        let ratio = row.rate().0 / baseline_rate;
+        self.push(Row {
+            baseline: Some((baseline.into(), ratio)),
+            ..row
+        });
+    }
+
     pub fn push(&mut self, row: Row) {
         print_row(&row);
         self.rows.push(row);

@@ -4,8 +4,11 @@
 //!
 //!     cargo run --release --bin ssmk-bench -- [--quick] [--json PATH] [--threads 1,2] [--only NAME]
 
+mod buffers;
+mod conv;
 mod harness;
 mod memory;
+mod short_conv;
 
 use harness::{Config, Report};
 
@@ -13,7 +16,9 @@ use harness::{Config, Report};
 type Suite = fn(&Config, &mut Report);
 
 fn usage() -> ! {
-    eprintln!("usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory]");
+    eprintln!(
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv]"
+    );
     std::process::exit(2)
 }
 
@@ -43,6 +48,8 @@ fn main() {
     let mut report = Report {
         rows: Vec::new(),
         facts: Vec::new(),
+        memcpy_gbps: harness::memcpy_gbps(&cfg, cfg.pick(256 << 20, 16 << 20)),
+        fma_peak_gflops: harness::fma_peak_gflops(&cfg),
     };
     report.fact(
         "ssmk",
@@ -52,14 +59,17 @@ fn main() {
     );
     report.fact("isa", ssmk::runtime::Isa::active().name().into());
     report.fact("mode", if cfg.quick { "quick" } else { "full" }.into());
-    let copy = harness::memcpy_gbps(&cfg, cfg.pick(256 << 20, 16 << 20));
-    report.fact("memcpy_gbps", format!("{copy:.2}"));
+    report.fact("memcpy_gbps", format!("{:.2}", report.memcpy_gbps));
     report.fact(
         "fma_peak_gflops_1t",
-        format!("{:.1}", harness::fma_peak_gflops(&cfg)),
+        format!("{:.1}", report.fma_peak_gflops),
     );
     harness::print_header();
-    let suites: [(&str, Suite); 1] = [("memory", memory::run)];
+    let suites: [(&str, Suite); 3] = [
+        ("memory", memory::run),
+        ("conv", conv::run),
+        ("short_conv", short_conv::run),
+    ];
     for (name, run) in suites {
         if only.as_deref().is_none_or(|o| o == name) {
             run(&cfg, &mut report);

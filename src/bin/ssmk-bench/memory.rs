@@ -5,8 +5,8 @@ use std::ffi::c_void;
 
 use ssmk::dtype::DType;
 use ssmk::ffi::memory::{ssmk_batch_memcpy, ssmk_zero_blocks};
-use ssmk::tensor::{ssmk_device, ssmk_dtype, ssmk_tensor};
 
+use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
 
 /// A zero-initialised, pre-faulted allocation (so timing never includes first-touch faults).
@@ -96,7 +96,6 @@ fn bench_zero(
     block_bytes: usize,
     cache_bytes: usize,
 ) {
-    let cache = pool(cache_bytes);
     let num_blocks = cache_bytes / block_bytes;
     // Successive calls zero different blocks, so each call meets cold memory as a runtime
     // freeing long-idle blocks does (rather than re-zeroing lines still in L3).
@@ -111,42 +110,11 @@ fn bench_zero(
         next.set((i + 1) % sets.len());
         &sets[i]
     };
-    let shape = [num_blocks as i64, block_bytes as i64 / 2];
-    let (code, bits) = DType::BF16.to_dlpack();
-    let mut cache_desc = ssmk_tensor {
-        data: cache.as_ptr().cast_mut().cast(),
-        device: ssmk_device {
-            device_type: 1,
-            device_id: 0,
-        },
-        ndim: 2,
-        dtype: ssmk_dtype {
-            code,
-            bits,
-            lanes: 1,
-        },
-        shape: shape.as_ptr(),
-        strides: std::ptr::null(),
-        byte_offset: 0,
-    };
-    let id_shape = [blocks as i64];
-    let mut id_desc = ssmk_tensor {
-        data: std::ptr::null_mut(),
-        device: ssmk_device {
-            device_type: 1,
-            device_id: 0,
-        },
-        ndim: 1,
-        dtype: ssmk_dtype {
-            code: 0,
-            bits: 64,
-            lanes: 1,
-        },
-        shape: id_shape.as_ptr(),
-        strides: std::ptr::null(),
-        byte_offset: 0,
-    };
-    let base = cache.as_ptr().cast_mut();
+    let cache = Buf::zeros(DType::BF16, &[num_blocks, block_bytes / 2]);
+    let mut cache_desc = cache.desc();
+    let id_buf = Buf::ints(&sets[0]);
+    let mut id_desc = id_buf.desc();
+    let base = cache.as_ptr();
     let memset_loop = time(cfg, || {
         for &id in take() {
             unsafe { libc::memset(base.add(id as usize * block_bytes).cast(), 0, block_bytes) };

@@ -1,0 +1,363 @@
+//! Depthwise causal conv1d over packed variable-length sequences with per-slot rolling state
+//! (ABI.md §4.1–4.2): prefill, chunked-prefill continuation, decode and speculative verify all run
+//! through one description, [`Problem`], whose sequences each say where their tokens, outputs and
+//! state live.
+//!
+//! Work is split into tasks of (token group, channel block). A token group is a run of pieces
+//! (a piece = up to `PIECE_TOKENS` tokens of one sequence, several short sequences per group); a
+//! block's history comes from the state for the first piece of a sequence and from `x` for later
+//! pieces. Only the task holding a sequence's first piece reads its state, and it writes the new
+//! state after all of its outputs have read the old one, so tasks never race. Every output element
+//! is computed by exactly one task with a fixed order of operations: results are bitwise identical
+//! for any thread count and any batch composition.
+
+pub mod reference;
+#[cfg(target_arch = "x86_64")]
+mod vector;
+
+use std::sync::OnceLock;
+
+use crate::dtype::DType;
+use crate::runtime::{Context, Isa};
+
+/// Widths the kernels support (ABI.md §4: W = 2..=8).
+pub const MIN_WIDTH: usize = 2;
+pub const MAX_WIDTH: usize = 8;
+
+/// Channels per task (a multiple of every vector width).
+pub const CHANNEL_BLOCK: usize = 256;
+/// Longest run of one sequence's tokens in a task.
+pub const PIECE_TOKENS: usize = 256;
+/// Work (tokens plus state rows) gathered into one token group before a new one starts.
+pub const GROUP_COST: usize = 512;
+
+/// A 2-D strided array of floats: element `(i, j)` at `ptr + (i * s0 + j * s1) * size`.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix {
+    pub ptr: *mut u8,
+    pub dtype: DType,
+    pub s0: usize,
+    pub s1: usize,
+}
+
+impl Matrix {
+    /// Element `(i, j)` as f32.
+    ///
+    /// # Safety
+    /// `(i, j)` lies inside the validated array.
+    #[inline(always)]
+    pub unsafe fn get(&self, i: usize, j: usize) -> f32 {
+        unsafe { load_f32(self.ptr, self.dtype, i * self.s0 + j * self.s1) }
+    }
+}
+
+/// Reads element `index` of a float array of `dtype` as f32.
+///
+/// # Safety
+/// The element lies inside validated memory.
+#[inline(always)]
+pub unsafe fn load_f32(ptr: *const u8, dtype: DType, index: usize) -> f32 {
+    use crate::dtype::Element;
+    unsafe {
+        match dtype {
+            DType::F32 => ptr.cast::<f32>().add(index).read(),
+            DType::BF16 => ptr.cast::<half::bf16>().add(index).read().to_f32(),
+            DType::F16 => Element::to_f32(ptr.cast::<half::f16>().add(index).read()),
+            other => unreachable!("conv float load of {other:?}"),
+        }
+    }
+}
+
+/// Stores `v` (rounded to nearest-even) into element `index` of a float array of `dtype`.
+///
+/// # Safety
+/// The element lies inside validated, writable memory.
+#[inline(always)]
+pub unsafe fn store_f32(ptr: *mut u8, dtype: DType, index: usize, v: f32) {
+    use crate::dtype::Element;
+    unsafe {
+        match dtype {
+            DType::F32 => ptr.cast::<f32>().add(index).write(v),
+            DType::BF16 => ptr
+                .cast::<half::bf16>()
+                .add(index)
+                .write(half::bf16::from_f32(v)),
+            DType::F16 => ptr
+                .cast::<half::f16>()
+                .add(index)
+                .write(<half::f16 as Element>::from_f32(v)),
+            other => unreachable!("conv float store of {other:?}"),
+        }
+    }
+}
+
+/// How a sequence's state slot changes after its outputs are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateUpdate {
+    /// Rows `0..W-1` become the last `W-1` inputs of `[history, x_seq]` (fwd and plain update).
+    Append,
+    /// Speculative rolling buffer with `accepted` (1..=Q) tokens accepted: history is rows
+    /// `accepted-1 .. accepted+W-3`, and the slot becomes `[rows accepted .. accepted+L-Q-1, x_seq]`.
+    Rolling { accepted: usize },
+}
+
+/// One sequence of the call. Pointers address token 0, channel 0 (x, out) and row 0, channel 0
+/// of the slot (state).
+#[derive(Clone, Copy, Debug)]
+pub struct Seq {
+    pub x: *const u8,
+    pub out: *mut u8,
+    pub len: usize,
+    /// Padded sequence: outputs are zeros, the state is neither read nor written.
+    pub pad: bool,
+    /// The slot of this sequence, or `None` when the call has no state pool.
+    pub state: Option<*mut u8>,
+    /// History comes from the slot (else zeros).
+    pub read_state: bool,
+    pub update: StateUpdate,
+}
+
+/// LFM2 ShortConv gating (ABI.md §4.7): the conv reads `round(B * x)` and stores
+/// `round(C * round(y))`, rounding to the activation dtype exactly where the unfused composition
+/// stores, so the fused result is bit-identical to it. B and C sit in the same token row as x
+/// (`bcx = [B | C | x]`), `b_back` and `c_back` elements before x's channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gates {
+    pub b_back: usize,
+    pub c_back: usize,
+}
+
+/// A whole call, validated. Strides are in elements.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    /// dtype of x and out.
+    pub act: DType,
+    pub channels: usize,
+    pub width: usize,
+    pub silu: bool,
+    pub x_tok: usize,
+    pub x_ch: usize,
+    pub out_tok: usize,
+    pub out_ch: usize,
+    /// `[D, W]`.
+    pub weight: Matrix,
+    /// `[D]` in `s0`, or none (zero bias).
+    pub bias: Option<Matrix>,
+    pub state_dtype: DType,
+    /// Rows `L` of a slot, and the element strides of a slot's row and channel.
+    pub state_rows: usize,
+    pub state_row: usize,
+    pub state_ch: usize,
+    /// ShortConv's input and output gates, if any.
+    pub gates: Option<Gates>,
+    pub seqs: Vec<Seq>,
+}
+
+// SAFETY: a Problem describes caller memory validated by the FFI layer; the work split below
+// gives every task disjoint outputs and state.
+unsafe impl Send for Problem {}
+unsafe impl Sync for Problem {}
+
+impl Problem {
+    /// Both x and out have contiguous channels: the vector kernels apply.
+    pub fn channels_contiguous(&self) -> bool {
+        (self.x_ch == 1 && self.out_ch == 1) || self.channels <= 1
+    }
+}
+
+/// Up to `PIECE_TOKENS` consecutive tokens `t0..t1` of sequence `seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub seq: usize,
+    pub t0: usize,
+    pub t1: usize,
+}
+
+/// The task split: token groups (ranges of `pieces`) times channel blocks.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub pieces: Vec<Piece>,
+    pub groups: Vec<std::ops::Range<usize>>,
+    pub channel_blocks: usize,
+}
+
+impl Plan {
+    pub fn new(p: &Problem) -> Plan {
+        let mut pieces = Vec::new();
+        for (b, s) in p.seqs.iter().enumerate() {
+            // A zero-length sequence still gets a piece: its state may change.
+            let mut t0 = 0;
+            loop {
+                let t1 = (t0 + PIECE_TOKENS).min(s.len);
+                pieces.push(Piece { seq: b, t0, t1 });
+                t0 = t1;
+                if t0 >= s.len {
+                    break;
+                }
+            }
+        }
+        let state_cost = 2 * p.width;
+        let mut groups = Vec::new();
+        let (mut start, mut cost) = (0, 0);
+        for (i, pc) in pieces.iter().enumerate() {
+            let s = &p.seqs[pc.seq];
+            cost += pc.t1 - pc.t0
+                + 1
+                + if pc.t0 == 0 && s.state.is_some() {
+                    state_cost
+                } else {
+                    0
+                };
+            if cost >= GROUP_COST {
+                groups.push(start..i + 1);
+                start = i + 1;
+                cost = 0;
+            }
+        }
+        if start < pieces.len() {
+            groups.push(start..pieces.len());
+        }
+        Plan {
+            pieces,
+            groups,
+            channel_blocks: p.channels.div_ceil(CHANNEL_BLOCK),
+        }
+    }
+
+    pub fn tasks(&self) -> usize {
+        self.groups.len() * self.channel_blocks
+    }
+}
+
+/// Runs task `i` of a plan (the vector kernels; one entry per ISA and dtype pair).
+type TaskFn = unsafe fn(&Problem, &Plan, usize);
+
+/// Runs a whole problem on the context's threads with the kernels of one ISA.
+pub type ConvFn = fn(&Context, &Problem);
+
+/// The conv implementation for `isa` (the best one at or below it, never above the CPU's).
+pub fn conv_fn(isa: Isa) -> ConvFn {
+    match isa.min(Isa::detected()) {
+        Isa::Scalar => run_reference,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => run_avx2,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => run_avx512,
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => run_reference,
+    }
+}
+
+fn active_conv_fn() -> ConvFn {
+    static CHOSEN: OnceLock<ConvFn> = OnceLock::new();
+    *CHOSEN.get_or_init(|| conv_fn(Isa::active()))
+}
+
+/// Runs the problem with the active instruction set.
+pub fn run(ctx: &Context, p: &Problem) {
+    active_conv_fn()(ctx, p)
+}
+
+/// The portable reference, one task per sequence (sequences own disjoint outputs and slots).
+fn run_reference(ctx: &Context, p: &Problem) {
+    // SAFETY: the problem is validated; sequence b writes only its output rows and its slot.
+    ctx.for_each(p.seqs.len(), |b| unsafe { reference::sequence(p, b) });
+}
+
+#[cfg(target_arch = "x86_64")]
+fn run_avx2(ctx: &Context, p: &Problem) {
+    let task = if p.gates.is_some() {
+        vector::task_gated_avx2
+    } else {
+        vector::task_avx2
+    };
+    run_tasks(ctx, p, task)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn run_avx512(ctx: &Context, p: &Problem) {
+    let task = if p.gates.is_some() {
+        vector::task_gated_avx512
+    } else {
+        vector::task_avx512
+    };
+    run_tasks(ctx, p, task)
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn run_tasks(ctx: &Context, p: &Problem, task: TaskFn) {
+    if !p.channels_contiguous() {
+        // Strided channels: the portable path is correct for any layout.
+        return run_reference(ctx, p);
+    }
+    let plan = Plan::new(p);
+    // SAFETY: the entry's ISA is at most the detected one (conv_fn clamps); tasks touch disjoint
+    // outputs and slots (see the module docs).
+    ctx.for_each(plan.tasks(), |i| unsafe { task(p, &plan, i) });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(lens: &[usize], with_state: bool) -> Problem {
+        let seq = |len| Seq {
+            x: std::ptr::null(),
+            out: std::ptr::null_mut(),
+            len,
+            pad: false,
+            state: with_state.then_some(std::ptr::null_mut()),
+            read_state: false,
+            update: StateUpdate::Append,
+        };
+        let m = Matrix {
+            ptr: std::ptr::null_mut(),
+            dtype: DType::F32,
+            s0: 1,
+            s1: 1,
+        };
+        Problem {
+            act: DType::F32,
+            channels: 1000,
+            width: 4,
+            silu: false,
+            x_tok: 1000,
+            x_ch: 1,
+            out_tok: 1000,
+            out_ch: 1,
+            weight: m,
+            bias: None,
+            state_dtype: DType::F32,
+            state_rows: 3,
+            state_row: 1000,
+            state_ch: 1,
+            gates: None,
+            seqs: lens.iter().map(|&l| seq(l)).collect(),
+        }
+    }
+
+    #[test]
+    fn plan_covers_every_token_once() {
+        let lens = [0, 1, 600, 3, 0, 256, 257, 1];
+        let plan = Plan::new(&problem(&lens, true));
+        assert_eq!(plan.channel_blocks, 4);
+        let mut covered = vec![0usize; lens.len()];
+        let mut expect_next = vec![0usize; lens.len()];
+        let mut count_pieces = vec![0usize; lens.len()];
+        for g in &plan.groups {
+            for pc in &plan.pieces[g.clone()] {
+                assert_eq!(pc.t0, expect_next[pc.seq]);
+                assert!(pc.t1 - pc.t0 <= PIECE_TOKENS);
+                expect_next[pc.seq] = pc.t1;
+                covered[pc.seq] += pc.t1 - pc.t0;
+                count_pieces[pc.seq] += 1;
+            }
+        }
+        assert_eq!(covered, lens);
+        assert!(
+            count_pieces.iter().all(|&n| n >= 1),
+            "zero-length sequences keep a piece"
+        );
+        assert_eq!(plan.groups.last().unwrap().end, plan.pieces.len());
+    }
+}

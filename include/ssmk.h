@@ -25,12 +25,6 @@
 
 
 /**
- * `flags` bit of ssmk_gated_delta_rule: l2-normalise q and k (`x / sqrt(sum x^2 + l2norm_eps)`)
- * before use.
- */
-#define SSMK_GDN_QK_L2NORM 1
-
-/**
  * `activation`: no activation, `out = conv`.
  */
 #define SSMK_ACTIVATION_NONE 0
@@ -39,6 +33,12 @@
  * `activation`: `out = silu(conv) = conv / (1 + exp(-conv))`.
  */
 #define SSMK_ACTIVATION_SILU 1
+
+/**
+ * `flags` bit of ssmk_gated_delta_rule: l2-normalise q and k (`x / sqrt(sum x^2 + l2norm_eps)`)
+ * before use.
+ */
+#define SSMK_GDN_QK_L2NORM 1
 
 /**
  * Success.
@@ -217,6 +217,119 @@ void ssmk_context_destroy(ssmk_context *ctx);
 uint32_t ssmk_context_num_threads(const ssmk_context *ctx);
 
 /**
+ * Causal depthwise conv1d over a packed batch of variable-length sequences, continuing from and
+ * updating per-sequence state slots: prefill, chunked-prefill continuation, and decodes (length-1
+ * sequences with state) mixed in one call.
+ *
+ * Per sequence `b` with tokens `query_start_loc[b] .. query_start_loc[b+1]` and slot
+ * `s = cache_indices[b]`: the history `h[-W+1..-1]` is rows `0..W-2` of `conv_states[s]` (row `j`
+ * holds the input at relative time `j-(W-1)`, row 0 oldest) when `has_initial_state[b]`, else
+ * zeros. `out[t][c] = act(bias[c] + sum_k weight[c][k] * xin[t-(W-1)+k][c])`, accumulated in f32 with
+ * fused multiply-adds, tap 0 first; narrow outputs are rounded to nearest-even. Afterwards rows
+ * `0..W-2` of the slot hold the last `W-1` inputs of `[history, x_seq]` (a zero-length sequence keeps
+ * its state when it has an initial state and gets zeros when it has not); rows `W-1..L-1` are never
+ * touched. Splitting a sequence over two calls (the second with `has_initial_state` true) gives
+ * bit-identical outputs and state. Tokens outside every sequence are not touched.
+ *
+ * Padded sequences (slot == `pad_slot_id`) get zero output rows and their state is neither read
+ * nor written. Results are bitwise identical for any thread count and do not depend on which other
+ * sequences share the call. Every argument is validated before anything is written. Thread-safe:
+ * concurrent calls must not write memory another call reads or writes.
+ *
+ * @param ctx               context (threads), or NULL for the process default.
+ * @param x                 `[T, D]` float32, bfloat16 or float16: the activations. Any strides;
+ *                          contiguous channels (`strides[1] == 1`) take the fast path.
+ * @param weight            `[D, W]`, `W` in 2..=8, the dtype of `x` or float32.
+ * @param bias              `[D]`, the dtype of `x` or float32, or NULL for no bias.
+ * @param conv_states       `[S, L, D]` state pool, `L >= W-1`, the dtype of `x` or float32; read and
+ *                          written. Any strides (a channel-major `[S, D, L]` buffer is passed as its
+ *                          transposed view). NULL: zero history, nothing written.
+ * @param query_start_loc   `[B+1]` int32/int64 offsets `0 <= q[0] <= .. <= q[B] <= T`, or NULL for one
+ *                          sequence of all `T` tokens.
+ * @param cache_indices     `[B]` int32/int64 slots, distinct unless padded, or NULL (sequence `b` uses slot `b`).
+ * @param has_initial_state `[B]` bool/uint8/int32/int64 (non-zero = continue from the slot), or NULL
+ *                          (all false: the state is never read). True requires `conv_states`.
+ * @param activation        SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
+ * @param pad_slot_id       slot value that marks a padded sequence (vLLM uses -1).
+ * @param out               `[T, D]`, the dtype of `x`; written. Must not overlap any input or `conv_states`.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       `x`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length, activation, offsets
+ *                                     order, duplicate slot, or `has_initial_state` true without state.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+ * @retval SSMK_ERR_OUT_OF_BOUNDS      an offset above `T`, or a slot outside `[0, S)` that is not `pad_slot_id`.
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
+ * @retval SSMK_ERR_PANIC              internal error caught.
+ *
+ * # Safety
+ * Every non-NULL descriptor must be valid and describe memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_causal_conv1d_fwd(const ssmk_context *ctx,
+                               const ssmk_tensor *x,
+                               const ssmk_tensor *weight,
+                               const ssmk_tensor *bias,
+                               ssmk_tensor *conv_states,
+                               const ssmk_tensor *query_start_loc,
+                               const ssmk_tensor *cache_indices,
+                               const ssmk_tensor *has_initial_state,
+                               uint32_t activation,
+                               int64_t pad_slot_id,
+                               ssmk_tensor *out);
+
+/**
+ * One decode step, or a speculative verify of `Q` tokens per sequence, of the causal depthwise
+ * conv1d, updating each sequence's state slot in place. The state is always read.
+ *
+ * Without `num_accepted_tokens`: the `Q` tokens of sequence `b` are appended in order to the window
+ * in rows `0..W-2` of slot `s = conv_state_indices[b]` (the same result as ssmk_causal_conv1d_fwd on
+ * a `Q`-token sequence with `has_initial_state` true); rows `W-1..L-1` are never touched. With it
+ * (speculative decoding, rolling buffer, `L >= W-2+Q`): `n = num_accepted_tokens[b]` must be in
+ * `[1, Q]`; the history for token 0 is rows `n-1 .. n+W-3`, and afterwards the slot holds
+ * `[old rows n .. n+L-Q-1, x_b[0..Q)]` (all `L` rows). Arithmetic, rounding, padding (zero outputs,
+ * state untouched; `num_accepted_tokens` of padded sequences is ignored), determinism and thread
+ * safety are as for ssmk_causal_conv1d_fwd.
+ *
+ * @param ctx                 context (threads), or NULL for the process default.
+ * @param x                   `[B, D]` (one token per sequence) or `[B, Q, D]`, float32, bfloat16 or float16.
+ * @param conv_states         `[S, L, D]`, the dtype of `x` or float32; read and written. Any strides.
+ * @param weight              `[D, W]`, `W` in 2..=8, the dtype of `x` or float32.
+ * @param bias                `[D]`, the dtype of `x` or float32, or NULL.
+ * @param conv_state_indices  `[B]` int32/int64 slots, distinct unless padded, or NULL (slot `b`).
+ * @param num_accepted_tokens `[B]` int32/int64 accepted counts, or NULL (plain append).
+ * @param activation          SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
+ * @param pad_slot_id         slot value that marks a padded sequence.
+ * @param out                 the shape and dtype of `x`; written. Must not overlap any input or `conv_states`.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       `x`, `conv_states`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length (`L < W-1`, or `L < W-2+Q`
+ *                                     with `num_accepted_tokens`), activation, duplicate slot, or an
+ *                                     accepted count outside `[1, Q]`.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+ * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` that is not `pad_slot_id`.
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
+ * @retval SSMK_ERR_PANIC              internal error caught.
+ *
+ * # Safety
+ * Every non-NULL descriptor must be valid and describe memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_causal_conv1d_update(const ssmk_context *ctx,
+                                  const ssmk_tensor *x,
+                                  ssmk_tensor *conv_states,
+                                  const ssmk_tensor *weight,
+                                  const ssmk_tensor *bias,
+                                  const ssmk_tensor *conv_state_indices,
+                                  const ssmk_tensor *num_accepted_tokens,
+                                  uint32_t activation,
+                                  int64_t pad_slot_id,
+                                  ssmk_tensor *out);
+
+/**
  * Computes the gates of Gated DeltaNet for `N` tokens:
  * `g = -exp(A_log) * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
  * `softplus(x) = log1p(exp(softplus_beta * x)) / softplus_beta`, or `x` when
@@ -334,119 +447,6 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
                               float l2norm_eps,
                               int64_t pad_slot_id,
                               ssmk_tensor *out);
-
-/**
- * Causal depthwise conv1d over a packed batch of variable-length sequences, continuing from and
- * updating per-sequence state slots: prefill, chunked-prefill continuation, and decodes (length-1
- * sequences with state) mixed in one call.
- *
- * Per sequence `b` with tokens `query_start_loc[b] .. query_start_loc[b+1]` and slot
- * `s = cache_indices[b]`: the history `h[-W+1..-1]` is rows `0..W-2` of `conv_states[s]` (row `j`
- * holds the input at relative time `j-(W-1)`, row 0 oldest) when `has_initial_state[b]`, else
- * zeros. `out[t][c] = act(bias[c] + sum_k weight[c][k] * xin[t-(W-1)+k][c])`, accumulated in f32 with
- * fused multiply-adds, tap 0 first; narrow outputs are rounded to nearest-even. Afterwards rows
- * `0..W-2` of the slot hold the last `W-1` inputs of `[history, x_seq]` (a zero-length sequence keeps
- * its state when it has an initial state and gets zeros when it has not); rows `W-1..L-1` are never
- * touched. Splitting a sequence over two calls (the second with `has_initial_state` true) gives
- * bit-identical outputs and state. Tokens outside every sequence are not touched.
- *
- * Padded sequences (slot == `pad_slot_id`) get zero output rows and their state is neither read
- * nor written. Results are bitwise identical for any thread count and do not depend on which other
- * sequences share the call. Every argument is validated before anything is written. Thread-safe:
- * concurrent calls must not write memory another call reads or writes.
- *
- * @param ctx               context (threads), or NULL for the process default.
- * @param x                 `[T, D]` float32, bfloat16 or float16: the activations. Any strides;
- *                          contiguous channels (`strides[1] == 1`) take the fast path.
- * @param weight            `[D, W]`, `W` in 2..=8, the dtype of `x` or float32.
- * @param bias              `[D]`, the dtype of `x` or float32, or NULL for no bias.
- * @param conv_states       `[S, L, D]` state pool, `L >= W-1`, the dtype of `x` or float32; read and
- *                          written. Any strides (a channel-major `[S, D, L]` buffer is passed as its
- *                          transposed view). NULL: zero history, nothing written.
- * @param query_start_loc   `[B+1]` int32/int64 offsets `0 <= q[0] <= .. <= q[B] <= T`, or NULL for one
- *                          sequence of all `T` tokens.
- * @param cache_indices     `[B]` int32/int64 slots, distinct unless padded, or NULL (sequence `b` uses slot `b`).
- * @param has_initial_state `[B]` bool/uint8/int32/int64 (non-zero = continue from the slot), or NULL
- *                          (all false: the state is never read). True requires `conv_states`.
- * @param activation        SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
- * @param pad_slot_id       slot value that marks a padded sequence (vLLM uses -1).
- * @param out               `[T, D]`, the dtype of `x`; written. Must not overlap any input or `conv_states`.
- * @retval SSMK_OK                     done.
- * @retval SSMK_ERR_NULL_POINTER       `x`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
- * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length, activation, offsets
- *                                     order, duplicate slot, or `has_initial_state` true without state.
- * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
- * @retval SSMK_ERR_OUT_OF_BOUNDS      an offset above `T`, or a slot outside `[0, S)` that is not `pad_slot_id`.
- * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
- * @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
- * @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
- * @retval SSMK_ERR_PANIC              internal error caught.
- *
- * # Safety
- * Every non-NULL descriptor must be valid and describe memory the caller owns for the call.
- */
-SSMK_NODISCARD
-int32_t ssmk_causal_conv1d_fwd(const ssmk_context *ctx,
-                               const ssmk_tensor *x,
-                               const ssmk_tensor *weight,
-                               const ssmk_tensor *bias,
-                               ssmk_tensor *conv_states,
-                               const ssmk_tensor *query_start_loc,
-                               const ssmk_tensor *cache_indices,
-                               const ssmk_tensor *has_initial_state,
-                               uint32_t activation,
-                               int64_t pad_slot_id,
-                               ssmk_tensor *out);
-
-/**
- * One decode step, or a speculative verify of `Q` tokens per sequence, of the causal depthwise
- * conv1d, updating each sequence's state slot in place. The state is always read.
- *
- * Without `num_accepted_tokens`: the `Q` tokens of sequence `b` are appended in order to the window
- * in rows `0..W-2` of slot `s = conv_state_indices[b]` (the same result as ssmk_causal_conv1d_fwd on
- * a `Q`-token sequence with `has_initial_state` true); rows `W-1..L-1` are never touched. With it
- * (speculative decoding, rolling buffer, `L >= W-2+Q`): `n = num_accepted_tokens[b]` must be in
- * `[1, Q]`; the history for token 0 is rows `n-1 .. n+W-3`, and afterwards the slot holds
- * `[old rows n .. n+L-Q-1, x_b[0..Q)]` (all `L` rows). Arithmetic, rounding, padding (zero outputs,
- * state untouched; `num_accepted_tokens` of padded sequences is ignored), determinism and thread
- * safety are as for ssmk_causal_conv1d_fwd.
- *
- * @param ctx                 context (threads), or NULL for the process default.
- * @param x                   `[B, D]` (one token per sequence) or `[B, Q, D]`, float32, bfloat16 or float16.
- * @param conv_states         `[S, L, D]`, the dtype of `x` or float32; read and written. Any strides.
- * @param weight              `[D, W]`, `W` in 2..=8, the dtype of `x` or float32.
- * @param bias                `[D]`, the dtype of `x` or float32, or NULL.
- * @param conv_state_indices  `[B]` int32/int64 slots, distinct unless padded, or NULL (slot `b`).
- * @param num_accepted_tokens `[B]` int32/int64 accepted counts, or NULL (plain append).
- * @param activation          SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
- * @param pad_slot_id         slot value that marks a padded sequence.
- * @param out                 the shape and dtype of `x`; written. Must not overlap any input or `conv_states`.
- * @retval SSMK_OK                     done.
- * @retval SSMK_ERR_NULL_POINTER       `x`, `conv_states`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
- * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length (`L < W-1`, or `L < W-2+Q`
- *                                     with `num_accepted_tokens`), activation, duplicate slot, or an
- *                                     accepted count outside `[1, Q]`.
- * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
- * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` that is not `pad_slot_id`.
- * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
- * @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
- * @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
- * @retval SSMK_ERR_PANIC              internal error caught.
- *
- * # Safety
- * Every non-NULL descriptor must be valid and describe memory the caller owns for the call.
- */
-SSMK_NODISCARD
-int32_t ssmk_causal_conv1d_update(const ssmk_context *ctx,
-                                  const ssmk_tensor *x,
-                                  ssmk_tensor *conv_states,
-                                  const ssmk_tensor *weight,
-                                  const ssmk_tensor *bias,
-                                  const ssmk_tensor *conv_state_indices,
-                                  const ssmk_tensor *num_accepted_tokens,
-                                  uint32_t activation,
-                                  int64_t pad_slot_id,
-                                  ssmk_tensor *out);
 
 /**
  * Copies `n` byte ranges: the same result as `for i in 0..n: memmove(dst[i], src[i], sizes[i])`

@@ -390,6 +390,11 @@ int32_t ssmk_gdn_gating(const ssmk_context *ctx,
  * `state` NULL: every sequence starts from zeros and nothing is written (`has_initial_state`
  * must then be NULL or all false).
  *
+ * Memory: sequences of 24 tokens or more take the chunked form, which needs scratch of about
+ * `(2K + HV/H (K + V + 65)) * 256` bytes per 64-token chunk for each q/k head processed at once
+ * (heads are processed in waves, only as many as keep the threads busy). Up to 64 MiB of it is
+ * kept by the calling thread for its next call; nothing else is allocated per token.
+ *
  * Speculative mode (`num_accepted_tokens` non-NULL; `state_indices` `[B, Smax]` required): with
  * `n = num_accepted_tokens[b]` in `[0, Smax]`, the initial state is read from slot
  * `state_indices[b][max(n-1, 0)]` (if `has_initial_state[b]`) and the state after token `t` is

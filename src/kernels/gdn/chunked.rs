@@ -129,41 +129,37 @@ pub unsafe fn intra<S: Simd>(
             kt[r * C + i] = unsafe { *kn.add(i * kd + r) };
         }
     }
+    // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
+    // the band's end (about 60% of the full products).
     let mut kk = vec![0f32; C * C];
     let mut qk = vec![0f32; C * C];
-    unsafe {
-        gemm::<S>(
-            m,
-            m,
-            kd,
-            MatA {
-                ptr: kn,
+    const BAND: usize = 16;
+    let mut r0 = 0;
+    while r0 < m {
+        let rows = BAND.min(m - r0);
+        let cols = m.min(r0 + BAND);
+        for (src, dst) in [(kn, &mut kk), (qn, &mut qk)] {
+            let a = MatA {
+                ptr: src.wrapping_add(r0 * kd),
                 row_stride: kd,
                 col_stride: 1,
-            },
-            kt.as_ptr(),
-            C,
-            kk.as_mut_ptr(),
-            C,
-            false,
-            false,
-        );
-        gemm::<S>(
-            m,
-            m,
-            kd,
-            MatA {
-                ptr: qn,
-                row_stride: kd,
-                col_stride: 1,
-            },
-            kt.as_ptr(),
-            C,
-            qk.as_mut_ptr(),
-            C,
-            false,
-            false,
-        );
+            };
+            unsafe {
+                gemm::<S>(
+                    rows,
+                    cols,
+                    kd,
+                    a,
+                    kt.as_ptr(),
+                    C,
+                    dst.as_mut_ptr().add(r0 * C),
+                    C,
+                    false,
+                    false,
+                )
+            };
+        }
+        r0 += rows;
     }
     let group = args.v_heads / args.heads;
     let mut decay_row = [0f32; C];

@@ -77,6 +77,9 @@ fn chunked_path(path: Path, seq: &Sequence) -> bool {
     }
 }
 
+/// Chunk scratch up to this size (64 MiB) stays with the calling thread for the next call.
+const KEEP_SCRATCH_FLOATS: usize = 16 << 20;
+
 thread_local! {
     /// Chunk scratch of the calling thread, kept between calls so a steady stream of prefills
     /// does not fault fresh pages in every time.
@@ -226,6 +229,10 @@ pub unsafe fn gated_delta_rule(
                 };
             });
             first_head += wave_heads;
+        }
+        if floats > KEEP_SCRATCH_FLOATS {
+            // An unusually long prefill: do not keep its scratch alive between calls.
+            *scratch = Vec::new();
         }
         Ok(())
     })?;

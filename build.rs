@@ -6,6 +6,11 @@
 use std::{env, fs, path::PathBuf};
 
 fn version_macros() -> String {
+    // The C/C++ harness tests compile with the `cc` crate, which needs the target triple.
+    println!(
+        "cargo::rustc-env=SSMK_TARGET_TRIPLE={}",
+        env::var("TARGET").unwrap()
+    );
     let major = env::var("CARGO_PKG_VERSION_MAJOR").unwrap();
     let minor = env::var("CARGO_PKG_VERSION_MINOR").unwrap();
     let patch = env::var("CARGO_PKG_VERSION_PATCH").unwrap();
@@ -39,6 +44,11 @@ fn main() {
     println!("cargo::rerun-if-env-changed=SSMK_UPDATE_HEADER");
     println!("cargo::rerun-if-env-changed=SSMK_ALLOW_HEADER_DRIFT");
 
+    // The C/C++ harness tests compile with the `cc` crate, which needs the target triple.
+    println!(
+        "cargo::rustc-env=SSMK_TARGET_TRIPLE={}",
+        env::var("TARGET").unwrap()
+    );
     let major = env::var("CARGO_PKG_VERSION_MAJOR").unwrap();
     if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
         println!("cargo::rustc-cdylib-link-arg=-Wl,-soname,libssmk.so.{major}");

@@ -403,6 +403,57 @@ int32_t ssmk_zero_blocks_multi(const ssmk_context *ctx,
                                const ssmk_tensor *block_ids);
 
 /**
+ * LFM2 ShortConv core for a batch mixing decodes and prefills: for packed rows
+ * `bcx = [B | C | x]` (LFM2's in_proj output), `out = C * conv(B * x)` with the conv and state
+ * rules of `ssmk_causal_conv1d_fwd` and no activation, in one pass that reads each row once.
+ *
+ * Rounding matches the unfused composition exactly: `B * x` is rounded to the activation dtype
+ * (that is what the conv reads and what the state stores), the conv output `y` is rounded to it,
+ * and `C * y` is rounded to it; so the result is bit-identical to `B*x → ssmk_causal_conv1d_fwd →
+ * C*y` with every intermediate stored in the activation dtype, and a prefill split over two calls
+ * is bit-exact. Padded sequences get zero output rows and their state is untouched; a
+ * zero-length sequence keeps (or, without initial state, zeroes) its state. Every argument is
+ * validated before anything is written; results do not depend on the thread count.
+ *
+ * @param ctx               context (threads), or NULL for the process default.
+ * @param bcx               `[T, 3D]` float32, bfloat16 or float16; columns `0..D` = B, `D..2D` = C,
+ *                          `2D..3D` = x. Any strides; contiguous columns take the fast path.
+ * @param weight            `[D, W]`, `W` in 2..=8 (LFM2 uses 3), the dtype of `bcx` or float32.
+ * @param bias              `[D]`, the dtype of `bcx` or float32, or NULL.
+ * @param conv_states       `[S, L, D]` pool of conv inputs (`B * x` values), `L >= W-1`, the dtype of
+ *                          `bcx` or float32; read and written; NULL: zero history, nothing written.
+ * @param query_start_loc   `[B+1]` int32/int64 sequence offsets, or NULL for one sequence of all tokens.
+ * @param cache_indices     `[B]` int32/int64 slots, or NULL (sequence `b` uses slot `b`).
+ * @param has_initial_state `[B]` bool/uint8/int32/int64, or NULL (all false). True requires `conv_states`.
+ * @param pad_slot_id       slot value that marks a padded sequence (vLLM uses -1).
+ * @param out               `[T, D]`, the dtype of `bcx`; written. Must not overlap any input or the states.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       `bcx`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim or shape (`bcx.shape[1]` not `3 * D`), width, state
+ *                                     length, offsets order, duplicate slot, or initial state without states.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+ * @retval SSMK_ERR_OUT_OF_BOUNDS      an offset above `T`, or a slot outside `[0, S)` that is not `pad_slot_id`.
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
+ * @retval SSMK_ERR_PANIC              internal error caught.
+ *
+ * # Safety
+ * Every non-NULL descriptor must be valid and describe memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_short_conv(const ssmk_context *ctx,
+                        const ssmk_tensor *bcx,
+                        const ssmk_tensor *weight,
+                        const ssmk_tensor *bias,
+                        ssmk_tensor *conv_states,
+                        const ssmk_tensor *query_start_loc,
+                        const ssmk_tensor *cache_indices,
+                        const ssmk_tensor *has_initial_state,
+                        int64_t pad_slot_id,
+                        ssmk_tensor *out);
+
+/**
  * Describes a status code.
  *
  * @param status any integer; unknown codes give "unknown ssmk status".

@@ -33,7 +33,7 @@ fn serial_memmove(pool: &mut [u8], entries: &[Entry]) {
     }
 }
 
-fn run_batch(ctx: &Ctx, pool: &mut [u8], entries: &[Entry]) -> i32 {
+fn run_batch(ctx: *const ssmk_context, pool: &mut [u8], entries: &[Entry]) -> i32 {
     let base = pool.as_mut_ptr();
     let dst: Vec<*mut c_void> = entries
         .iter()
@@ -46,7 +46,7 @@ fn run_batch(ctx: &Ctx, pool: &mut [u8], entries: &[Entry]) -> i32 {
     let sizes: Vec<usize> = entries.iter().map(|e| e.2).collect();
     unsafe {
         ssmk_batch_memcpy(
-            ctx.0,
+            ctx,
             dst.as_ptr(),
             src.as_ptr(),
             sizes.as_ptr(),
@@ -68,7 +68,7 @@ fn check_batch(entries: &[Entry], pool_len: usize, seed: u64) {
         let ctx = Ctx::new(threads);
         let mut pool = init.clone();
         assert_eq!(
-            run_batch(&ctx, &mut pool, entries),
+            run_batch(ctx.0, &mut pool, entries),
             SSMK_OK,
             "{}",
             common::last_error()
@@ -361,4 +361,29 @@ fn zero_blocks_multi_partially_overlapping_views() {
     let code = unsafe { ssmk_zero_blocks_multi(ctx.0, ptrs.as_ptr(), 3, &ids.desc()) };
     assert_eq!(code, SSMK_OK, "{}", common::last_error());
     assert!(kv.bytes() == want);
+}
+
+#[test]
+fn one_context_shared_by_many_host_threads() {
+    let ctx = Ctx::new(2);
+    let ctx_ptr = ctx.0 as usize;
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            scope.spawn(move || {
+                let ctx = ctx_ptr as *const ssmk_context;
+                for round in 0..20 {
+                    let pool_len = 4 << 20;
+                    let init = pattern(pool_len, t * 100 + round);
+                    let entries: Vec<Entry> = (0..8)
+                        .map(|i| (i << 19, (i << 19) + 4096, 3 << 17))
+                        .collect();
+                    let mut want = init.clone();
+                    serial_memmove(&mut want, &entries);
+                    let mut pool = init;
+                    assert_eq!(run_batch(ctx, &mut pool, &entries), SSMK_OK);
+                    assert!(pool == want);
+                }
+            });
+        }
+    });
 }

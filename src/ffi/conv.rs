@@ -37,7 +37,7 @@ fn act_or_f32(act: DType) -> Vec<DType> {
 }
 
 /// Address of element `index` (in the view's own dtype), as bytes.
-fn elem_ptr(v: &View, index: &[usize]) -> *mut u8 {
+pub(crate) fn elem_ptr(v: &View, index: &[usize]) -> *mut u8 {
     let off: usize = index.iter().zip(&v.strides).map(|(i, s)| i * s).sum();
     v.ptr.wrapping_add(off * v.dtype.size())
 }
@@ -105,11 +105,111 @@ fn expect_disjoint_from(output: &View, inputs: &[Option<&View>]) -> Result<()> {
     Ok(())
 }
 
-fn execute(ctx: &Context, isa: Option<Isa>, p: &Problem) {
+pub(crate) fn execute(ctx: &Context, isa: Option<Isa>, p: &Problem) {
     match isa {
         Some(isa) => conv::conv_fn(isa)(ctx, p),
         None => conv::run(ctx, p),
     }
+}
+
+/// The validated prefill arguments shared by `ssmk_causal_conv1d_fwd` and `ssmk_short_conv`.
+pub(crate) struct PrefillArgs<'a> {
+    /// The conv input `[T, D]` (for ShortConv, the x columns of bcx).
+    pub x: &'a View,
+    pub weight: &'a View,
+    pub bias: Option<&'a View>,
+    pub states: Option<&'a View>,
+    pub starts: Option<&'a View>,
+    pub indices: Option<&'a View>,
+    pub initial: Option<&'a View>,
+    pub silu: bool,
+    pub pad_slot_id: i64,
+    pub out: &'a View,
+    /// Inputs beyond those above that the outputs must not overlap (ShortConv's whole bcx).
+    pub also_read: Option<&'a View>,
+}
+
+/// Checks a prefill call (shapes, dtypes, overlaps, sequences, slots) and describes it.
+pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
+    let (x, out) = (a.x, a.out);
+    x.expect_ndim(2)?;
+    x.expect_dtype(&[DType::F32, DType::BF16, DType::F16])?;
+    let (t, d, act) = (x.shape[0], x.shape[1], x.dtype);
+    let (wm, bm, w) = parse_weights(act, d, a.weight, a.bias)?;
+    out.expect_ndim(2)?;
+    out.expect_dim(0, t, "tokens = x.shape[0] = T")?;
+    out.expect_dim(1, d, "dim = D")?;
+    out.expect_dtype(&[act])?;
+    out.expect_no_self_overlap()?;
+    let num_slots = match a.states {
+        Some(s) => Some(parse_states(s, act, d, w - 1, "W-1")?),
+        None => None,
+    };
+    let inputs = [
+        Some(x),
+        a.also_read,
+        Some(a.weight),
+        a.bias,
+        a.starts,
+        a.indices,
+        a.initial,
+    ];
+    expect_disjoint_from(out, &inputs)?;
+    if let Some(s) = a.states {
+        expect_disjoint_from(s, &inputs)?;
+        out.expect_disjoint(s)?;
+    }
+    let batch = parse_batch(
+        ["query_start_loc", "cache_indices", "has_initial_state"],
+        a.starts,
+        t,
+        a.indices,
+        a.initial,
+        a.pad_slot_id,
+        num_slots,
+    )?;
+    if let (None, Some(b)) = (a.states, batch.initial.iter().position(|&i| i)) {
+        bail!(
+            InvalidArgument,
+            "has_initial_state[{b}] = true but conv_states is NULL, expected false (no state to continue from)"
+        );
+    }
+    let seqs = (0..batch.len())
+        .map(|b| {
+            let tokens = batch.tokens(b);
+            let slot = batch.slots[b];
+            Seq {
+                x: elem_ptr(x, &[tokens.start, 0]),
+                out: elem_ptr(out, &[tokens.start, 0]),
+                len: tokens.len(),
+                pad: slot.is_none(),
+                state: a
+                    .states
+                    .zip(slot)
+                    .map(|(s, slot)| elem_ptr(s, &[slot, 0, 0])),
+                read_state: batch.initial[b],
+                update: StateUpdate::Append,
+            }
+        })
+        .collect();
+    Ok(Problem {
+        act,
+        channels: d,
+        width: w,
+        silu: a.silu,
+        x_tok: x.strides[0],
+        x_ch: x.strides[1],
+        out_tok: out.strides[0],
+        out_ch: out.strides[1],
+        weight: wm,
+        bias: bm,
+        state_dtype: a.states.map_or(act, |s| s.dtype),
+        state_rows: a.states.map_or(0, |s| s.shape[1]),
+        state_row: a.states.map_or(0, |s| s.strides[1]),
+        state_ch: a.states.map_or(0, |s| s.strides[2]),
+        gates: None,
+        seqs,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -137,84 +237,19 @@ unsafe fn fwd(
     let initial = unsafe { View::optional("has_initial_state", has_initial_state) }?;
     let out = unsafe { View::required("out", out) }?;
     let silu = parse_activation(activation)?;
-
-    x.expect_ndim(2)?;
-    x.expect_dtype(&[DType::F32, DType::BF16, DType::F16])?;
-    let (t, d, act) = (x.shape[0], x.shape[1], x.dtype);
-    let (wm, bm, w) = parse_weights(act, d, &weight, bias.as_ref())?;
-    out.expect_ndim(2)?;
-    out.expect_dim(0, t, "tokens = x.shape[0] = T")?;
-    out.expect_dim(1, d, "dim = D")?;
-    out.expect_dtype(&[act])?;
-    out.expect_no_self_overlap()?;
-    let num_slots = match &states {
-        Some(s) => Some(parse_states(s, act, d, w - 1, "W-1")?),
-        None => None,
-    };
-    let inputs = [
-        Some(&x),
-        Some(&weight),
-        bias.as_ref(),
-        starts.as_ref(),
-        indices.as_ref(),
-        initial.as_ref(),
-    ];
-    expect_disjoint_from(&out, &inputs)?;
-    if let Some(s) = &states {
-        expect_disjoint_from(s, &inputs)?;
-        out.expect_disjoint(s)?;
-    }
-    let batch = parse_batch(
-        ["query_start_loc", "cache_indices", "has_initial_state"],
-        starts.as_ref(),
-        t,
-        indices.as_ref(),
-        initial.as_ref(),
-        pad_slot_id,
-        num_slots,
-    )?;
-    if let (None, Some(b)) = (&states, batch.initial.iter().position(|&i| i)) {
-        bail!(
-            InvalidArgument,
-            "has_initial_state[{b}] = true but conv_states is NULL, expected false (no state to continue from)"
-        );
-    }
-
-    let seqs = (0..batch.len())
-        .map(|b| {
-            let tokens = batch.tokens(b);
-            let slot = batch.slots[b];
-            Seq {
-                x: elem_ptr(&x, &[tokens.start, 0]),
-                out: elem_ptr(&out, &[tokens.start, 0]),
-                len: tokens.len(),
-                pad: slot.is_none(),
-                state: states
-                    .as_ref()
-                    .zip(slot)
-                    .map(|(s, slot)| elem_ptr(s, &[slot, 0, 0])),
-                read_state: batch.initial[b],
-                update: StateUpdate::Append,
-            }
-        })
-        .collect();
-    let p = Problem {
-        act,
-        channels: d,
-        width: w,
+    let p = prefill_problem(&PrefillArgs {
+        x: &x,
+        weight: &weight,
+        bias: bias.as_ref(),
+        states: states.as_ref(),
+        starts: starts.as_ref(),
+        indices: indices.as_ref(),
+        initial: initial.as_ref(),
         silu,
-        x_tok: x.strides[0],
-        x_ch: x.strides[1],
-        out_tok: out.strides[0],
-        out_ch: out.strides[1],
-        weight: wm,
-        bias: bm,
-        state_dtype: states.as_ref().map_or(act, |s| s.dtype),
-        state_rows: states.as_ref().map_or(0, |s| s.shape[1]),
-        state_row: states.as_ref().map_or(0, |s| s.strides[1]),
-        state_ch: states.as_ref().map_or(0, |s| s.strides[2]),
-        seqs,
-    };
+        pad_slot_id,
+        out: &out,
+        also_read: None,
+    })?;
     execute(ctx, isa, &p);
     Ok(())
 }
@@ -470,6 +505,7 @@ unsafe fn update(
         state_rows: states.shape[1],
         state_row: states.strides[1],
         state_ch: states.strides[2],
+        gates: None,
         seqs,
     };
     execute(ctx, isa, &p);

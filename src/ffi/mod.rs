@@ -8,6 +8,7 @@ pub mod context;
 pub mod conv;
 pub mod memory;
 pub mod sequences;
+pub mod short_conv;
 pub mod status;
 
 pub use context::ssmk_context;

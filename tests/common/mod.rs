@@ -2,6 +2,8 @@
 //! descriptors, deterministic pseudo-random data, and error assertions.
 #![allow(dead_code)]
 
+pub mod native;
+
 use std::ffi::CStr;
 
 use half::{bf16, f16};

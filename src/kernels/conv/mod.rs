@@ -117,6 +117,16 @@ pub struct Seq {
     pub update: StateUpdate,
 }
 
+/// LFM2 ShortConv gating (ABI.md §4.7): the conv reads `round(B * x)` and stores
+/// `round(C * round(y))`, rounding to the activation dtype exactly where the unfused composition
+/// stores, so the fused result is bit-identical to it. B and C sit in the same token row as x
+/// (`bcx = [B | C | x]`), `b_back` and `c_back` elements before x's channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gates {
+    pub b_back: usize,
+    pub c_back: usize,
+}
+
 /// A whole call, validated. Strides are in elements.
 #[derive(Clone, Debug)]
 pub struct Problem {
@@ -138,6 +148,8 @@ pub struct Problem {
     pub state_rows: usize,
     pub state_row: usize,
     pub state_ch: usize,
+    /// ShortConv's input and output gates, if any.
+    pub gates: Option<Gates>,
     pub seqs: Vec<Seq>,
 }
 
@@ -254,12 +266,22 @@ fn run_reference(ctx: &Context, p: &Problem) {
 
 #[cfg(target_arch = "x86_64")]
 fn run_avx2(ctx: &Context, p: &Problem) {
-    run_tasks(ctx, p, vector::task_avx2)
+    let task = if p.gates.is_some() {
+        vector::task_gated_avx2
+    } else {
+        vector::task_avx2
+    };
+    run_tasks(ctx, p, task)
 }
 
 #[cfg(target_arch = "x86_64")]
 fn run_avx512(ctx: &Context, p: &Problem) {
-    run_tasks(ctx, p, vector::task_avx512)
+    let task = if p.gates.is_some() {
+        vector::task_gated_avx512
+    } else {
+        vector::task_avx512
+    };
+    run_tasks(ctx, p, task)
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -309,6 +331,7 @@ mod tests {
             state_rows: 3,
             state_row: 1000,
             state_ch: 1,
+            gates: None,
             seqs: lens.iter().map(|&l| seq(l)).collect(),
         }
     }

@@ -3,6 +3,16 @@
 //! through silu's `exp`) and the path for strided channels.
 
 use super::{MAX_WIDTH, Problem, StateUpdate, load_f32, store_f32};
+use crate::dtype::DType;
+
+/// `v` rounded to the precision of `dtype` (what storing and reloading it gives).
+pub fn round_to(dtype: DType, v: f32) -> f32 {
+    let mut cell = [0u8; 4];
+    unsafe {
+        store_f32(cell.as_mut_ptr(), dtype, 0, v);
+        load_f32(cell.as_ptr(), dtype, 0)
+    }
+}
 
 /// `x / (1 + e^-x)`.
 #[inline(always)]
@@ -38,7 +48,19 @@ pub unsafe fn sequence(p: &Problem, b: usize) {
             }
             continue;
         }
-        let x = |t: usize| unsafe { load_f32(s.x, p.act, t * p.x_tok + c * p.x_ch) };
+        // Element of token t, channel c, `back` elements before x (B and C precede x in bcx).
+        let at = |t: usize, back: usize| unsafe {
+            load_f32(
+                s.x.wrapping_sub(back * p.act.size()),
+                p.act,
+                t * p.x_tok + c * p.x_ch,
+            )
+        };
+        // The conv's input: x, or ShortConv's `B * x` as the activation dtype stores it.
+        let x = |t: usize| match p.gates {
+            None => at(t, 0),
+            Some(g) => round_to(p.act, at(t, g.b_back) * at(t, 0)),
+        };
         let first_row = match s.update {
             StateUpdate::Append => 0,
             StateUpdate::Rolling { accepted } => accepted - 1,
@@ -70,14 +92,11 @@ pub unsafe fn sequence(p: &Problem, b: usize) {
                 *v = input(t as isize + k as isize - (w as isize - 1));
             }
             let (i, ptr) = out_at(t, c);
-            unsafe {
-                store_f32(
-                    ptr,
-                    p.act,
-                    i,
-                    output(&weight[..w], &window[..w], bias, p.silu),
-                )
-            };
+            let mut y = output(&weight[..w], &window[..w], bias, p.silu);
+            if let Some(g) = p.gates {
+                y = at(t, g.c_back) * round_to(p.act, y);
+            }
+            unsafe { store_f32(ptr, p.act, i, y) };
         }
         let Some(st) = s.state else { continue };
         match s.update {

@@ -84,6 +84,69 @@ impl RowIo for Plain {
     }
 }
 
+/// ShortConv's gates around the conv: input `round(B * x)`, output `round(C * round(y))`, where B
+/// and C are `b_back` and `c_back` elements before x in the same bcx row.
+pub struct Gated {
+    pub b_back: usize,
+    pub c_back: usize,
+}
+
+/// Lanes rounded to the precision of `A` (identity for f32): what storing them in `A` keeps.
+#[inline(always)]
+unsafe fn round_lanes<S: Simd, A: SimdElement>(v: S::V) -> S::V {
+    if A::DTYPE == DType::F32 {
+        return v;
+    }
+    let mut tmp = [A::from_f32(0.0); MAX_LANES];
+    unsafe {
+        A::store::<S>(tmp.as_mut_ptr(), v);
+        A::load::<S>(tmp.as_ptr())
+    }
+}
+
+impl RowIo for Gated {
+    #[inline(always)]
+    unsafe fn load<S: Simd, A: SimdElement>(&self, row: *const A, c: usize) -> S::V {
+        unsafe {
+            let x = A::load::<S>(row.add(c));
+            let b = A::load::<S>(row.add(c).wrapping_sub(self.b_back));
+            round_lanes::<S, A>(S::mul(b, x))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load1<A: SimdElement>(&self, row: *const A, c: usize) -> f32 {
+        unsafe {
+            let x = row.add(c).read().to_f32();
+            let b = row.add(c).wrapping_sub(self.b_back).read().to_f32();
+            A::from_f32(b * x).to_f32()
+        }
+    }
+    #[inline(always)]
+    unsafe fn store<S: Simd, A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: S::V) {
+        unsafe {
+            let gate = A::load::<S>(row.add(c).wrapping_sub(self.c_back));
+            A::store::<S>(out.add(c), S::mul(gate, round_lanes::<S, A>(v)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store1<A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: f32) {
+        unsafe {
+            let gate = row.add(c).wrapping_sub(self.c_back).read().to_f32();
+            out.add(c)
+                .write(A::from_f32(gate * A::from_f32(v).to_f32()))
+        }
+    }
+}
+
+/// The row transform of a problem: plain, or ShortConv's gates.
+fn gated(p: &Problem) -> Gated {
+    let g = p.gates.expect("gated task on an ungated problem");
+    Gated {
+        b_back: g.b_back,
+        c_back: g.c_back,
+    }
+}
+
 /// `x / (1 + e^-x)` with `e^-x` from a Taylor polynomial of `degree` around the nearest multiple
 /// of ln 2 (`|r| <= ln2/2`, truncation error `(ln2/2)^(degree+1) / (degree+1)!`). The output dtype
 /// picks the degree: its rounding dominates anyway, and silu is most of the kernel's arithmetic.
@@ -521,4 +584,22 @@ pub unsafe fn task_avx2(p: &Problem, plan: &Plan, i: usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 pub unsafe fn task_avx512(p: &Problem, plan: &Plan, i: usize) {
     unsafe { task::<Avx512, Plain>(p, plan, i, &Plain) }
+}
+
+/// [`task_avx2`] for ShortConv (`p.gates` is set).
+///
+/// # Safety
+/// As for [`task_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn task_gated_avx2(p: &Problem, plan: &Plan, i: usize) {
+    unsafe { task::<Avx2, Gated>(p, plan, i, &gated(p)) }
+}
+
+/// [`task_avx512`] for ShortConv (`p.gates` is set).
+///
+/// # Safety
+/// As for [`task_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub unsafe fn task_gated_avx512(p: &Problem, plan: &Plan, i: usize) {
+    unsafe { task::<Avx512, Gated>(p, plan, i, &gated(p)) }
 }

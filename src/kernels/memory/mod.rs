@@ -14,8 +14,10 @@ use crate::runtime::{Context, Isa};
 
 /// Largest piece one task copies or zeroes: big entries are split so both cores share them.
 const PIECE_BYTES: usize = 256 << 10;
-/// Below this much work per thread, starting threads costs more than it saves.
+/// Below this much work per task, handing it to another thread costs more than it saves.
 const MIN_BYTES_PER_TASK: usize = 64 << 10;
+/// Calls moving less than this run on the caller's thread: waking the pool costs microseconds.
+const MIN_PARALLEL_BYTES: usize = 2 << 20;
 
 /// One `memmove(dst, src, len)`. Addresses are plain integers: validated by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,7 +131,7 @@ fn run_pieces(ctx: &Context, pieces: &[Piece], zero: ZeroFn) {
 /// Every non-empty entry's `[src, src+len)` must be readable and `[dst, dst+len)` writable.
 pub unsafe fn batch_copy(ctx: &Context, copies: &[Copy]) {
     let total: usize = copies.iter().map(|c| c.len).sum();
-    if ctx.threads() <= 1 || total < 2 * MIN_BYTES_PER_TASK || entries_interfere(copies) {
+    if ctx.threads() <= 1 || total < MIN_PARALLEL_BYTES || entries_interfere(copies) {
         for c in copies.iter().filter(|c| c.len > 0) {
             // SAFETY: the caller's contract; ptr::copy is memmove, so self-overlap is fine.
             unsafe { std::ptr::copy(c.src as *const u8, c.dst as *mut u8, c.len) };

@@ -1,0 +1,217 @@
+"""Tests of the ctypes binding; standard library only (numpy paths run when numpy is installed).
+
+Run: SSMK_LIBRARY=/path/to/libssmk.so python3 cbindings/python/test_ssmk.py
+"""
+
+import array
+import ctypes
+import math
+import os
+import re
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ssmk  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+
+
+def header_text():
+    with open(os.path.join(ROOT, "include", "ssmk.h")) as f:
+        return f.read()
+
+
+class FakeTorchTensor:
+    """Duck-typed like a torch tensor: what the binding reads from one."""
+
+    class _Device:
+        type = "cpu"
+
+    def __init__(self, storage, shape, stride, dtype):
+        self.storage, self.shape, self._stride, self.dtype = storage, shape, stride, dtype
+        self.device = self._Device()
+
+    def data_ptr(self):
+        return ctypes.addressof((ctypes.c_char * len(memoryview(self.storage).cast("B"))).from_buffer(self.storage))
+
+    def stride(self):
+        return self._stride
+
+
+class Surface(unittest.TestCase):
+    def test_every_header_function_has_a_signature(self):
+        declared = set(re.findall(r"\b(ssmk_\w+)\(", "\n".join(
+            l for l in header_text().splitlines() if not l.lstrip().startswith("*"))))
+        missing = declared - set(ssmk.SIGNATURES)
+        self.assertFalse(missing, f"functions without argtypes: {sorted(missing)}")
+        for name in declared:
+            fn = getattr(ssmk.lib, name)
+            self.assertIsNotNone(fn.argtypes, name)
+
+    def test_version_and_status_strings(self):
+        macros = dict(re.findall(r"#define SSMK_VERSION_(MAJOR|MINOR|PATCH) (\d+)", header_text()))
+        self.assertEqual(ssmk.version(), f"{macros['MAJOR']}.{macros['MINOR']}.{macros['PATCH']}")
+        self.assertIn(ssmk.active_isa(), ("scalar", "avx2", "avx512"))
+        for code in (ssmk.OK, ssmk.ERR_NULL_POINTER, ssmk.ERR_OUT_OF_BOUNDS, ssmk.ERR_PANIC):
+            self.assertTrue(ssmk.status_str(code).startswith("SSMK_"))
+        self.assertEqual(ssmk.status_str(7), "unknown ssmk status")
+
+    def test_context(self):
+        with ssmk.Context(2) as ctx:
+            self.assertEqual(ctx.num_threads, 2)
+        self.assertIsNone(ctx.handle)
+
+
+class Memory(unittest.TestCase):
+    def test_batch_memcpy_overlapping_equals_memmove(self):
+        pool = bytearray(range(256)) * 64
+        want = bytearray(pool)
+        base = ctypes.addressof((ctypes.c_char * len(pool)).from_buffer(pool))
+        entries = [(100, 0, 3000), (0, 50, 500), (9000, 9100, 4000)]
+        for d, s, n in entries:
+            want[d:d + n] = want[s:s + n]
+        with ssmk.Context(2) as ctx:
+            ssmk.batch_memcpy([base + e[0] for e in entries], [base + e[1] for e in entries],
+                              [e[2] for e in entries], ctx=ctx)
+        self.assertEqual(pool, want)
+        ssmk.batch_memcpy([], [], [])
+
+    def test_batch_memcpy_null_is_refused(self):
+        buf = bytearray(8)
+        base = ctypes.addressof((ctypes.c_char * 8).from_buffer(buf))
+        with self.assertRaises(ssmk.SsmkError) as cm:
+            ssmk.batch_memcpy([base, None], [base + 4, base], [4, 2])
+        self.assertEqual(cm.exception.status, ssmk.ERR_NULL_POINTER)
+        self.assertIn("dst[1]", cm.exception.message)
+        self.assertEqual(buf, bytearray(8))
+
+    def test_zero_blocks_with_array_array(self):
+        cache = array.array("f", [1.0] * 32)
+        ids = array.array("q", [3, 1, 3])
+        ssmk.zero_blocks(ssmk.tensor(cache, shape=(4, 8)), ids)
+        self.assertEqual(list(cache), [0.0 if b in (1, 3) else 1.0 for b in range(4) for _ in range(8)])
+
+    def test_zero_blocks_error_names_argument_and_writes_nothing(self):
+        cache = array.array("f", [1.0] * 32)
+        with self.assertRaises(ssmk.SsmkError) as cm:
+            ssmk.zero_blocks(ssmk.tensor(cache, shape=(4, 8)), array.array("i", [0, 4]))
+        self.assertEqual(cm.exception.status, ssmk.ERR_OUT_OF_BOUNDS)
+        self.assertIn("block_ids[1] = 4", cm.exception.message)
+        self.assertEqual(list(cache), [1.0] * 32)
+
+    def test_bf16_memoryview_and_strided_views(self):
+        # K and V interleaved in one bf16 buffer [blocks=3, 2, 4]; zero block 2 of V only.
+        raw = array.array("H", [ssmk.bf16_bits(1.5)] * 24)
+        v = ssmk.tensor(memoryview(raw), dtype="bfloat16", shape=(3, 4), strides=(8, 1), byte_offset=8)
+        ssmk.zero_blocks_multi([v], array.array("i", [2]))
+        got = [ssmk.bf16_value(b) for b in raw]
+        want = [0.0 if (i // 8 == 2 and (i % 8) >= 4) else 1.5 for i in range(24)]
+        self.assertEqual(got, want)
+
+    def test_read_only_buffer_is_refused(self):
+        with self.assertRaises(ValueError):
+            ssmk.tensor(b"\x00" * 8, dtype="uint8")
+
+    def test_torch_like_objects(self):
+        storage = array.array("f", [2.0] * 12)
+        t = FakeTorchTensor(storage, (3, 4), (4, 1), "torch.float32")
+        ssmk.zero_blocks(t, FakeTorchTensor(array.array("q", [1]), (1,), (1,), "torch.int64"))
+        self.assertEqual(list(storage), [2.0] * 4 + [0.0] * 4 + [2.0] * 4)
+
+    @unittest.skipIf(numpy is None, "numpy not installed")
+    def test_numpy_arrays(self):
+        cache = numpy.ones((5, 3, 4), dtype=numpy.float16)
+        ssmk.zero_blocks(cache, numpy.array([4, 0], dtype=numpy.int32))
+        self.assertTrue((cache[[0, 4]] == 0).all() and (cache[1:4] == 1).all())
+        # A non-contiguous numpy view (every other block) is described through its strides.
+        view = cache[::2]
+        cache[:] = 1
+        ssmk.zero_blocks(view, numpy.array([1], dtype=numpy.int64))
+        self.assertTrue((cache[2] == 0).all() and (cache[[0, 1, 3, 4]] == 1).all())
+        bits = numpy.full((2, 8), ssmk.bf16_bits(3.0), dtype=numpy.uint16)
+        ssmk.zero_blocks(ssmk.tensor(bits, dtype="bfloat16"), numpy.array([1]))
+        self.assertTrue((bits[1] == 0).all() and (bits[0] == ssmk.bf16_bits(3.0)).all())
+
+
+def silu(v):
+    return v / (1.0 + math.exp(-v))
+
+
+class Conv(unittest.TestCase):
+    T, D, W = 7, 12, 4
+
+    def inputs(self):
+        T, D, W = self.T, self.D, self.W
+        x = array.array("f", [math.sin(0.3 * i) for i in range(T * D)])
+        w = array.array("f", [math.cos(0.2 * i) * 0.5 for i in range(D * W)])
+        states = array.array("f", [math.sin(0.1 * i) for i in range(2 * (W - 1) * D)])
+        return x, w, states
+
+    def test_fwd_matches_python_reference_and_updates_state(self):
+        T, D, W = self.T, self.D, self.W
+        x, w, states = self.inputs()
+        initial = list(states)
+        out = array.array("f", [0.0] * (T * D))
+        ssmk.causal_conv1d_fwd(
+            ssmk.tensor(x, shape=(T, D)), ssmk.tensor(w, shape=(D, W)), ssmk.tensor(out, shape=(T, D)),
+            conv_states=ssmk.tensor(states, shape=(2, W - 1, D)),
+            cache_indices=array.array("q", [1]), has_initial_state=array.array("B", [1]),
+            activation=ssmk.ACTIVATION_SILU, ctx=ssmk.Context(2))
+        hist = lambda rel, c: x[rel * D + c] if rel >= 0 else initial[((1 * (W - 1)) + (W - 1 + rel)) * D + c]
+        for t in range(T):
+            for c in range(D):
+                acc = sum(w[c * W + k] * hist(t + k - (W - 1), c) for k in range(W))
+                self.assertAlmostEqual(out[t * D + c], silu(acc), delta=1e-5 * (1 + abs(acc)))
+        for j in range(W - 1):
+            for c in range(D):
+                self.assertEqual(states[((W - 1) + j) * D + c], x[(T - (W - 1) + j) * D + c])
+        self.assertEqual(list(states[: (W - 1) * D]), initial[: (W - 1) * D], "slot 0 untouched")
+
+    def test_fwd_error_names_argument_and_writes_nothing(self):
+        T, D, W = self.T, self.D, self.W
+        x, w, states = self.inputs()
+        out = array.array("f", [5.0] * (T * D))
+        before = list(states)
+        with self.assertRaises(ssmk.SsmkError) as cm:
+            ssmk.causal_conv1d_fwd(
+                ssmk.tensor(x, shape=(T, D)), ssmk.tensor(w, shape=(D, W)), ssmk.tensor(out, shape=(T, D)),
+                conv_states=ssmk.tensor(states, shape=(2, W - 1, D)), cache_indices=array.array("q", [2]))
+        self.assertEqual(cm.exception.status, ssmk.ERR_OUT_OF_BOUNDS)
+        self.assertIn("cache_indices[0] = 2", cm.exception.message)
+        self.assertEqual(list(states), before)
+        self.assertEqual(list(out), [5.0] * (T * D))
+
+    def test_update_and_short_conv(self):
+        D, W = self.D, 3
+        x = array.array("f", [math.cos(0.4 * i) for i in range(2 * D)])
+        w = array.array("f", [math.sin(0.6 * i) for i in range(D * W)])
+        states = array.array("f", [0.25] * (2 * (W - 1) * D))
+        out = array.array("f", [0.0] * (2 * D))
+        ssmk.causal_conv1d_update(ssmk.tensor(x, shape=(2, D)), ssmk.tensor(states, shape=(2, W - 1, D)),
+                                  ssmk.tensor(w, shape=(D, W)), ssmk.tensor(out, shape=(2, D)))
+        for b in range(2):
+            for c in range(D):
+                want = w[c * W] * 0.25 + w[c * W + 1] * 0.25 + w[c * W + 2] * x[b * D + c]
+                self.assertAlmostEqual(out[b * D + c], want, delta=1e-5)
+        # ShortConv: f32 so the composition is easy to write here exactly.
+        T = 5
+        bcx = array.array("f", [math.sin(0.21 * i) for i in range(T * 3 * D)])
+        fused = array.array("f", [0.0] * (T * D))
+        ssmk.short_conv(ssmk.tensor(bcx, shape=(T, 3 * D)), ssmk.tensor(w, shape=(D, W)),
+                        ssmk.tensor(fused, shape=(T, D)))
+        bx = array.array("f", [bcx[t * 3 * D + c] * bcx[t * 3 * D + 2 * D + c] for t in range(T) for c in range(D)])
+        y = array.array("f", [0.0] * (T * D))
+        ssmk.causal_conv1d_fwd(ssmk.tensor(bx, shape=(T, D)), ssmk.tensor(w, shape=(D, W)),
+                               ssmk.tensor(y, shape=(T, D)))
+        composed = array.array("f", [bcx[t * 3 * D + D + c] * y[t * D + c] for t in range(T) for c in range(D)])
+        self.assertEqual(fused.tobytes(), composed.tobytes())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,221 @@
+/* C++ harness: drives libssmk.so through the raw C API and through ssmk.hpp, exactly as a C++
+ * inference runtime would. Built and run by tests/c_harness.rs against the real shared library. */
+#include "ssmk.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+
+static bool contains(const char* haystack, const char* needle) { return std::strstr(haystack, needle) != nullptr; }
+
+TEST_CASE(version_macros_match_runtime) {
+  std::string expected = std::to_string(SSMK_VERSION_MAJOR) + "." + std::to_string(SSMK_VERSION_MINOR) + "." +
+                         std::to_string(SSMK_VERSION_PATCH);
+  CHECK(expected == ssmk_version());
+  std::string isa = ssmk_active_isa();
+  CHECK(isa == "scalar" || isa == "avx2" || isa == "avx512");
+  std::printf("active isa: %s\n", isa.c_str());
+}
+
+TEST_CASE(status_strings) {
+  const int32_t codes[] = {SSMK_OK, SSMK_ERR_NULL_POINTER, SSMK_ERR_INVALID_ARGUMENT, SSMK_ERR_UNSUPPORTED_DTYPE,
+                           SSMK_ERR_OUT_OF_BOUNDS, SSMK_ERR_OVERFLOW, SSMK_ERR_ALIASING,
+                           SSMK_ERR_UNSUPPORTED_DEVICE, SSMK_ERR_ALLOCATION, SSMK_ERR_PANIC};
+  for (int32_t c : codes) CHECK(std::strncmp(ssmk_status_str(c), "SSMK_", 5) == 0);
+  CHECK(std::string(ssmk_status_str(42)) == "unknown ssmk status");
+}
+
+TEST_CASE(raw_c_context_and_batch_memcpy) {
+  ssmk_context* ctx = ssmk_context_create(2);
+  CHECK(ctx != nullptr);
+  CHECK(ssmk_context_num_threads(ctx) == 2);
+  std::vector<unsigned char> pool(1 << 16);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::vector<unsigned char> want = pool;
+  // Overlapping entries: the result must equal memmove in order.
+  void* dst[3] = {pool.data() + 100, pool.data() + 0, pool.data() + 5000};
+  const void* src[3] = {pool.data() + 0, pool.data() + 150, pool.data() + 5100};
+  size_t sizes[3] = {1000, 500, 20000};
+  for (int i = 0; i < 3; ++i)
+    std::memmove(want.data() + ((unsigned char*)dst[i] - pool.data()),
+                 want.data() + ((const unsigned char*)src[i] - pool.data()), sizes[i]);
+  CHECK_STATUS(ssmk_batch_memcpy(ctx, dst, src, sizes, 3), SSMK_OK);
+  CHECK(pool == want);
+  CHECK(std::string(ssmk_last_error_message()).empty());
+  ssmk_context_destroy(ctx);
+  ssmk_context_destroy(nullptr);
+}
+
+TEST_CASE(raw_c_zero_blocks_rejects_out_of_range_id) {
+  std::vector<float> cache(4 * 8, 1.0f);
+  int64_t shape[2] = {4, 8};
+  ssmk_tensor t{cache.data(), {SSMK_DEVICE_CPU, 0}, 2, {SSMK_DTYPE_CODE_FLOAT, 32, 1}, shape, nullptr, 0};
+  int32_t ids[2] = {1, 7};
+  int64_t id_shape[1] = {2};
+  ssmk_tensor idt{ids, {SSMK_DEVICE_CPU, 0}, 1, {SSMK_DTYPE_CODE_INT, 32, 1}, id_shape, nullptr, 0};
+  CHECK_STATUS(ssmk_zero_blocks(nullptr, &t, &idt), SSMK_ERR_OUT_OF_BOUNDS);
+  CHECK(contains(ssmk_last_error_message(), "block_ids[1] = 7"));
+  for (float v : cache) CHECK(v == 1.0f);
+  ids[1] = 3;
+  CHECK_STATUS(ssmk_zero_blocks(nullptr, &t, &idt), SSMK_OK);
+  for (int b = 0; b < 4; ++b)
+    for (int i = 0; i < 8; ++i) CHECK(cache[b * 8 + i] == ((b == 1 || b == 3) ? 0.0f : 1.0f));
+}
+
+TEST_CASE(hpp_context_views_and_errors) {
+  ssmk::context ctx(1);
+  CHECK(ctx.num_threads() == 1);
+  ssmk::context moved = std::move(ctx);
+  CHECK(moved.get() != nullptr && ctx.get() == nullptr);
+
+  std::vector<ssmk::bf16> kv(6 * 2 * 16);
+  for (auto& x : kv) x = ssmk::bf16::from_float(2.5f);
+  // K = kv[:, 0, :], V = kv[:, 1, :] as strided views of one buffer.
+  ssmk::view<ssmk::bf16> k(kv.data(), {6, 16}, {32, 1});
+  ssmk::view<ssmk::bf16> v(kv.data() + 16, {6, 16}, {32, 1});
+  std::vector<int64_t> ids = {0, 5};
+  ssmk::view<int64_t> idv(ids.data(), {2});
+  ssmk::tensor* caches[2] = {&k, &v};
+  ssmk::zero_blocks_multi(moved, caches, 2, idv);
+  for (int b = 0; b < 6; ++b)
+    for (int i = 0; i < 32; ++i) CHECK(kv[b * 32 + i].to_float() == ((b == 0 || b == 5) ? 0.0f : 2.5f));
+
+  ids[1] = 6;
+  bool threw = false;
+  try {
+    ssmk::zero_blocks(moved, k, idv);
+  } catch (const ssmk::error& e) {
+    threw = true;
+    CHECK(e.status() == SSMK_ERR_OUT_OF_BOUNDS);
+    CHECK(contains(e.what(), "block_ids[1] = 6"));
+    CHECK(contains(e.what(), "SSMK_ERR_OUT_OF_BOUNDS"));
+  }
+  CHECK(threw);
+  // Copies of a view keep their own shape storage.
+  ssmk::tensor copy = k;
+  CHECK(copy.get()->shape != k.get()->shape && copy.dim(1) == 16);
+}
+
+TEST_CASE(hpp_half_conversions_round_to_nearest_even) {
+  CHECK(ssmk::bf16::from_float(1.0f).bits == 0x3f80);
+  float tie_even, tie_odd;
+  uint32_t a = 0x3f808000u, b = 0x3f818000u;
+  std::memcpy(&tie_even, &a, 4);
+  std::memcpy(&tie_odd, &b, 4);
+  CHECK(ssmk::bf16::from_float(tie_even).bits == 0x3f80);
+  CHECK(ssmk::bf16::from_float(tie_odd).bits == 0x3f82);
+  CHECK(std::isnan(ssmk::bf16::from_float(NAN).to_float()));
+  CHECK(ssmk::f16::from_float(1.0f).bits == 0x3c00);
+  CHECK(ssmk::f16::from_float(65504.0f).bits == 0x7bff);
+  CHECK(ssmk::f16::from_float(65520.0f).bits == 0x7c00);
+  CHECK(ssmk::f16::from_float(5.960464477539063e-08f).bits == 0x0001);
+  CHECK(ssmk::f16::from_float(-2.0f).bits == 0xc000);
+  for (uint32_t h = 0; h < 0x7c00; ++h) {
+    ssmk::f16 x{static_cast<uint16_t>(h)};
+    CHECK(ssmk::f16::from_float(x.to_float()).bits == h);
+  }
+}
+
+static float sigmoid_silu(double v) { return static_cast<float>(v / (1.0 + std::exp(-v))); }
+
+TEST_CASE(hpp_causal_conv1d_fwd_matches_double_reference_and_keeps_state) {
+  // Two sequences (lengths 5 and 3), D = 20 channels (vector body + scalar tail), W = 4, silu.
+  const int T = 8, D = 20, W = 4, S = 3, L = W - 1;
+  std::vector<float> x(T * D), w(D * W), b(D), st(S * L * D), out(T * D, -7.0f);
+  for (int i = 0; i < T * D; ++i) x[i] = std::sin(0.37 * i);
+  for (int i = 0; i < D * W; ++i) w[i] = std::cos(0.11 * i) * 0.5f;
+  for (int i = 0; i < D; ++i) b[i] = 0.01f * i;
+  for (int i = 0; i < S * L * D; ++i) st[i] = std::cos(0.05 * i);
+  const std::vector<float> st0 = st;
+  std::vector<int32_t> qsl = {0, 5, 8}, idx = {2, 0};
+  std::vector<uint8_t> init = {1, 0};
+  ssmk::context ctx(2);
+  ssmk::view<float> xv(x.data(), {T, D}), wv(w.data(), {D, W}), bv(b.data(), {D}), sv(st.data(), {S, L, D}),
+      ov(out.data(), {T, D});
+  ssmk::view<int32_t> qv(qsl.data(), {3}), iv(idx.data(), {2});
+  ssmk::view<uint8_t> hv(init.data(), {2});
+  ssmk::causal_conv1d_fwd(ctx, xv, wv, &bv, &sv, &qv, &iv, &hv, SSMK_ACTIVATION_SILU, -1, ov);
+  for (int seq = 0; seq < 2; ++seq) {
+    int start = qsl[seq], len = qsl[seq + 1] - start, slot = idx[seq];
+    for (int c = 0; c < D; ++c) {
+      auto input = [&](int rel) -> double {  // relative time, negative = history
+        if (rel >= 0) return x[(start + rel) * D + c];
+        return init[seq] ? st0[(slot * L + (L + rel)) * D + c] : 0.0;
+      };
+      for (int t = 0; t < len; ++t) {
+        double acc = b[c];
+        for (int k = 0; k < W; ++k) acc += w[c * W + k] * input(t + k - (W - 1));
+        float want = sigmoid_silu(acc), got = out[(start + t) * D + c];
+        CHECK(std::fabs(got - want) <= 1e-5f * (1 + std::fabs(want)));
+      }
+      for (int j = 0; j < L; ++j) CHECK(st[(slot * L + j) * D + c] == static_cast<float>(input(len - L + j)));
+    }
+  }
+  for (int c = 0; c < D; ++c) CHECK(st[(1 * L) * D + c] == st0[(1 * L) * D + c]);  // slot 1 unused
+
+  // A slot out of range: ssmk::error with the argument named, nothing written.
+  idx[1] = 7;
+  std::vector<float> before = out;
+  bool threw = false;
+  try {
+    ssmk::causal_conv1d_fwd(ctx, xv, wv, nullptr, &sv, &qv, &iv, nullptr, SSMK_ACTIVATION_NONE, -1, ov);
+  } catch (const ssmk::error& e) {
+    threw = e.status() == SSMK_ERR_OUT_OF_BOUNDS && contains(e.what(), "cache_indices[1] = 7");
+  }
+  CHECK(threw);
+  CHECK(out == before);
+}
+
+TEST_CASE(raw_c_update_equals_fwd_on_one_token) {
+  const int B = 3, D = 16, W = 3, L = 2;
+  std::vector<ssmk::bf16> x(B * D), w(D * W), st(B * L * D), st2, out1(B * D), out2(B * D);
+  for (int i = 0; i < B * D; ++i) x[i] = ssmk::bf16::from_float(std::sin(1.3 * i));
+  for (int i = 0; i < D * W; ++i) w[i] = ssmk::bf16::from_float(std::cos(0.7 * i));
+  for (int i = 0; i < B * L * D; ++i) st[i] = ssmk::bf16::from_float(std::sin(0.3 * i));
+  st2 = st;
+  ssmk::context ctx(1);
+  ssmk::view<ssmk::bf16> xv(x.data(), {B, D}), wv(w.data(), {D, W}), sv(st.data(), {B, L, D}),
+      sv2(st2.data(), {B, L, D}), o1(out1.data(), {B, D}), o2(out2.data(), {B, D});
+  ssmk::causal_conv1d_update(ctx, xv, sv, wv, nullptr, nullptr, nullptr, SSMK_ACTIVATION_NONE, -1, o1);
+  std::vector<int64_t> qsl = {0, 1, 2, 3};
+  std::vector<int32_t> init = {1, 1, 1};
+  ssmk::view<int64_t> qv(qsl.data(), {4});
+  ssmk::view<int32_t> hv(init.data(), {3});
+  CHECK_STATUS(ssmk_causal_conv1d_fwd(ctx.get(), xv.get(), wv.get(), nullptr, sv2.get(), qv.get(), nullptr, hv.get(),
+                                      SSMK_ACTIVATION_NONE, -1, o2.get()),
+               SSMK_OK);
+  CHECK(std::memcmp(out1.data(), out2.data(), out1.size() * 2) == 0);
+  CHECK(std::memcmp(st.data(), st2.data(), st.size() * 2) == 0);
+  // Unknown activation value: refused, named.
+  CHECK_STATUS(ssmk_causal_conv1d_update(ctx.get(), xv.get(), sv.get(), wv.get(), nullptr, nullptr, nullptr, 5, -1,
+                                         o1.get()),
+               SSMK_ERR_INVALID_ARGUMENT);
+  CHECK(contains(ssmk_last_error_message(), "activation = 5"));
+}
+
+TEST_CASE(short_conv_equals_composition) {
+  const int T = 6, D = 24, W = 3;
+  std::vector<float> bcx(T * 3 * D), w(D * W), fused(T * D), bx(T * D), y(T * D), composed(T * D);
+  for (int i = 0; i < T * 3 * D; ++i) bcx[i] = std::sin(0.29 * i);
+  for (int i = 0; i < D * W; ++i) w[i] = std::cos(0.17 * i);
+  std::vector<float> st1(1 * (W - 1) * D, 0.0f), st2 = st1;
+  ssmk::context ctx(2);
+  ssmk::view<float> bv(bcx.data(), {T, 3 * D}), wv(w.data(), {D, W}), fv(fused.data(), {T, D}),
+      s1(st1.data(), {1, W - 1, D}), s2(st2.data(), {1, W - 1, D});
+  ssmk::short_conv(ctx, bv, wv, nullptr, &s1, nullptr, nullptr, nullptr, -1, fv);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < D; ++c) bx[t * D + c] = bcx[t * 3 * D + c] * bcx[t * 3 * D + 2 * D + c];
+  ssmk::view<float> xv(bx.data(), {T, D}), yv(y.data(), {T, D});
+  ssmk::causal_conv1d_fwd(ctx, xv, wv, nullptr, &s2, nullptr, nullptr, nullptr, SSMK_ACTIVATION_NONE, -1, yv);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < D; ++c) composed[t * D + c] = bcx[t * 3 * D + D + c] * y[t * D + c];
+  CHECK(fused == composed);
+  CHECK(st1 == st2);
+}
+
+int main() { return check::run_all(); }

@@ -1,0 +1,117 @@
+//! Owned, pre-faulted buffers with DLPack descriptors, filled with deterministic data.
+
+use ssmk::dtype::{DType, Element};
+use ssmk::tensor::{ssmk_device, ssmk_dtype, ssmk_tensor};
+
+/// A compact row-major tensor owning its storage (u64 words, so every dtype is aligned).
+pub struct Buf {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    storage: Vec<u64>,
+}
+
+impl Buf {
+    /// Zeros, with every page touched so timing never includes first-touch faults.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Buf {
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let mut storage = vec![0u64; bytes.div_ceil(8).max(1)];
+        for i in (0..storage.len()).step_by(512) {
+            // SAFETY: in bounds; volatile so the store that faults the page in is not elided.
+            unsafe { std::ptr::write_volatile(storage.as_mut_ptr().add(i), 0) };
+        }
+        Buf {
+            dtype,
+            shape: shape.iter().map(|&s| s as i64).collect(),
+            storage,
+        }
+    }
+
+    /// Uniform values in `[-scale, scale)` from a fixed seed, rounded to the dtype.
+    pub fn random(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Buf {
+        Buf::uniform(dtype, shape, seed, -scale, scale)
+    }
+
+    /// Uniform values in `[lo, hi)` from a fixed seed, rounded to the dtype.
+    pub fn uniform(dtype: DType, shape: &[usize], seed: u64, lo: f32, hi: f32) -> Buf {
+        let mut b = Buf::zeros(dtype, shape);
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let n = b.numel();
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            lo + (s >> 40) as f32 / (1u64 << 24) as f32 * (hi - lo)
+        };
+        let p = b.storage.as_mut_ptr().cast::<u8>();
+        // SAFETY: `n` elements of `dtype` fit the storage by construction.
+        unsafe {
+            match dtype {
+                DType::F32 => (0..n).for_each(|i| p.cast::<f32>().add(i).write(next())),
+                DType::BF16 => (0..n).for_each(|i| {
+                    p.cast::<half::bf16>()
+                        .add(i)
+                        .write(Element::from_f32(next()))
+                }),
+                DType::F16 => (0..n).for_each(|i| {
+                    p.cast::<half::f16>()
+                        .add(i)
+                        .write(Element::from_f32(next()))
+                }),
+                other => panic!("Buf::random on {other:?}"),
+            }
+        }
+        b
+    }
+
+    /// A 1-D int64 tensor.
+    pub fn ints(values: &[i64]) -> Buf {
+        let mut b = Buf::zeros(DType::I64, &[values.len()]);
+        b.storage[..values.len()]
+            .copy_from_slice(&values.iter().map(|&v| v as u64).collect::<Vec<_>>());
+        b
+    }
+
+    /// A 1-D bool tensor.
+    pub fn mask(values: &[bool]) -> Buf {
+        let mut b = Buf::zeros(DType::Bool, &[values.len()]);
+        let p = b.storage.as_mut_ptr().cast::<u8>();
+        for (i, &v) in values.iter().enumerate() {
+            // SAFETY: one byte per entry, within the storage.
+            unsafe { p.add(i).write(v as u8) };
+        }
+        b
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product::<i64>() as usize
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.storage.as_ptr().cast::<u8>().cast_mut()
+    }
+
+    /// Descriptor; valid while `self` lives and is not moved.
+    pub fn desc(&self) -> ssmk_tensor {
+        let (code, bits) = self.dtype.to_dlpack();
+        ssmk_tensor {
+            data: self.as_ptr().cast(),
+            device: ssmk_device {
+                device_type: 1,
+                device_id: 0,
+            },
+            ndim: self.shape.len() as i32,
+            dtype: ssmk_dtype {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: self.shape.as_ptr(),
+            strides: std::ptr::null(),
+            byte_offset: 0,
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Causal conv1d (ABI.md §4.1–4.2): varlen prefill with states and the decode update, as
+//! bandwidth against the same-run memcpy over the bytes each call must move, and as speed-up over
+//! the portable reference run through the same entry point.
+
+use ssmk::dtype::DType;
+use ssmk::ffi::conv::{
+    SSMK_ACTIVATION_SILU, causal_conv1d_fwd_with_isa, causal_conv1d_update_with_isa,
+};
+use ssmk::runtime::Isa;
+
+use crate::buffers::Buf;
+use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
+
+pub fn short(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => "?",
+    }
+}
+
+/// Times `call(isa, ctx)` with the active kernels at each thread count and with the portable
+/// reference at one thread, and pushes one row per thread count. Returns seconds per byte at 1 thread.
+fn measure(
+    cfg: &Config,
+    report: &mut Report,
+    template: Row,
+    bytes: usize,
+    mut call: impl FnMut(Isa, &Ctx) -> i32,
+) -> f64 {
+    let reference = time(cfg, || ok(call(Isa::Scalar, &Ctx::new(1))));
+    let mut per_byte = f64::NAN;
+    for &threads in &cfg.threads {
+        let ctx = Ctx::new(threads);
+        let t = time(cfg, || ok(call(Isa::active(), &ctx)));
+        if threads == 1 {
+            per_byte = t / bytes as f64;
+        }
+        let row = Row {
+            threads,
+            seconds: t,
+            work: Work::Bytes(bytes as f64),
+            vs_reference: Some(reference / t),
+            ..template.clone()
+        };
+        let memcpy = report.memcpy_gbps;
+        report.push_against(row, "memcpy", memcpy);
+    }
+    per_byte
+}
+
+/// Prefill: `seqs` sequences of `len` tokens, the first half continuing from a saved state.
+fn fwd(
+    cfg: &Config,
+    report: &mut Report,
+    dtype: DType,
+    seqs: usize,
+    len: usize,
+    dim: usize,
+    width: usize,
+) -> f64 {
+    let tokens = seqs * len;
+    let x = Buf::random(dtype, &[tokens, dim], 1, 1.0);
+    let out = Buf::zeros(dtype, &[tokens, dim]);
+    let weight = Buf::random(dtype, &[dim, width], 2, 0.5);
+    let bias = Buf::random(dtype, &[dim], 3, 0.1);
+    let states = Buf::random(dtype, &[seqs, width - 1, dim], 4, 1.0);
+    let starts = Buf::ints(&(0..=seqs).map(|s| (s * len) as i64).collect::<Vec<_>>());
+    let slots = Buf::ints(&(0..seqs as i64).collect::<Vec<_>>());
+    let initial = Buf::mask(&(0..seqs).map(|s| s < seqs / 2).collect::<Vec<_>>());
+    let (xd, wd, bd, qd, id, hd) = (
+        x.desc(),
+        weight.desc(),
+        bias.desc(),
+        starts.desc(),
+        slots.desc(),
+        initial.desc(),
+    );
+    let (mut sd, mut od) = (states.desc(), out.desc());
+    let state_bytes = (width - 1) * dim * dtype.size();
+    // x read, out written, weights, the states read (half) and written (all).
+    let bytes = 2 * x.bytes() + weight.bytes() + bias.bytes() + (seqs / 2 + seqs) * state_bytes;
+    let template = Row {
+        op: "causal_conv1d_fwd".into(),
+        shape: format!("T={tokens} ({seqs}x{len}) D={dim} W={width}"),
+        dtype: short(dtype).into(),
+        threads: 1,
+        seconds: 0.0,
+        work: Work::Bytes(0.0),
+        baseline: None,
+        vs_reference: None,
+        note: "silu, bias, 2 of 4 with state".into(),
+    };
+    measure(cfg, report, template, bytes, |isa, ctx| unsafe {
+        causal_conv1d_fwd_with_isa(
+            isa,
+            ctx.0,
+            &xd,
+            &wd,
+            &bd,
+            &mut sd,
+            &qd,
+            &id,
+            &hd,
+            SSMK_ACTIVATION_SILU,
+            -1,
+            &mut od,
+        )
+    })
+}
+
+/// Decode: one token for each of `batch` sequences, slots in reverse order.
+fn update(cfg: &Config, report: &mut Report, dtype: DType, batch: usize, dim: usize, width: usize) {
+    let x = Buf::random(dtype, &[batch, dim], 5, 1.0);
+    let out = Buf::zeros(dtype, &[batch, dim]);
+    let weight = Buf::random(dtype, &[dim, width], 6, 0.5);
+    let bias = Buf::random(dtype, &[dim], 7, 0.1);
+    let states = Buf::random(dtype, &[batch, width - 1, dim], 8, 1.0);
+    let slots = Buf::ints(&(0..batch as i64).rev().collect::<Vec<_>>());
+    let (xd, wd, bd, id) = (x.desc(), weight.desc(), bias.desc(), slots.desc());
+    let (mut sd, mut od) = (states.desc(), out.desc());
+    let bytes = 2 * x.bytes() + 2 * states.bytes() + weight.bytes() + bias.bytes();
+    let template = Row {
+        op: "causal_conv1d_update".into(),
+        shape: format!("B={batch} D={dim} W={width}"),
+        dtype: short(dtype).into(),
+        threads: 1,
+        seconds: 0.0,
+        work: Work::Bytes(0.0),
+        baseline: None,
+        vs_reference: None,
+        note: "silu, bias".into(),
+    };
+    measure(cfg, report, template, bytes, |isa, ctx| unsafe {
+        causal_conv1d_update_with_isa(
+            isa,
+            ctx.0,
+            &xd,
+            &mut sd,
+            &wd,
+            &bd,
+            &id,
+            std::ptr::null(),
+            SSMK_ACTIVATION_SILU,
+            -1,
+            &mut od,
+        )
+    });
+}
+
+pub fn run(cfg: &Config, report: &mut Report) {
+    let (len, dim) = (cfg.pick(512, 128), cfg.pick(8192, 2048));
+    let bf16 = fwd(cfg, report, DType::BF16, 4, len, dim, 4);
+    for dtype in [DType::F32, DType::F16] {
+        let other = fwd(cfg, report, dtype, 4, len, dim, 4);
+        report.fact(
+            &format!("conv_fwd_{}_time_per_byte_vs_bf16_1t", short(dtype)),
+            format!("{:.2}", other / bf16),
+        );
+    }
+    update(cfg, report, DType::BF16, cfg.pick(256, 64), dim, 4);
+}

@@ -1,0 +1,268 @@
+//! Timing, same-run baselines (memcpy bandwidth, FMA peak), the result table and its JSON.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
+
+/// Run-wide settings.
+pub struct Config {
+    /// Seconds-long smoke run: smaller shapes, fewer samples.
+    pub quick: bool,
+    pub threads: Vec<u32>,
+}
+
+impl Config {
+    /// Samples per measurement and the minimum time each sample should take.
+    fn samples(&self) -> (usize, Duration) {
+        if self.quick {
+            (3, Duration::from_millis(2))
+        } else {
+            (9, Duration::from_millis(50))
+        }
+    }
+
+    /// `full` normally, `quick` in a smoke run.
+    pub fn pick<T>(&self, full: T, quick: T) -> T {
+        if self.quick { quick } else { full }
+    }
+}
+
+/// An owned ssmk context.
+pub struct Ctx(pub *mut ssmk_context);
+
+impl Ctx {
+    pub fn new(threads: u32) -> Ctx {
+        Ctx(ssmk_context_create(threads))
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        unsafe { ssmk_context_destroy(self.0) }
+    }
+}
+
+/// Median seconds per call of `f`; each sample repeats `f` until it has run long enough to time.
+pub fn time(cfg: &Config, mut f: impl FnMut()) -> f64 {
+    let (samples, min_sample) = cfg.samples();
+    f(); // warm up: page faults, pool start-up, caches
+    let start = Instant::now();
+    f();
+    let once = start.elapsed().max(Duration::from_nanos(50));
+    let reps = (min_sample.as_secs_f64() / once.as_secs_f64())
+        .ceil()
+        .max(1.0) as usize;
+    let mut times: Vec<f64> = (0..samples)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            t.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Panics with the library's message unless `status` is SSMK_OK (the bench only runs valid calls).
+pub fn ok(status: i32) {
+    if status != 0 {
+        let msg = unsafe { std::ffi::CStr::from_ptr(ssmk::ffi::status::ssmk_last_error_message()) };
+        panic!(
+            "ssmk call failed with status {status}: {}",
+            msg.to_string_lossy()
+        );
+    }
+}
+
+/// Same-run memcpy bandwidth (GB/s, counting bytes read + written) over a buffer of `bytes`
+/// bytes, cold in cache when the buffer exceeds it: what "moves memory at memcpy speed" means here.
+pub fn memcpy_gbps(cfg: &Config, bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let t = time(cfg, || unsafe {
+        libc::memcpy(dst.as_mut_ptr().cast(), src.as_ptr().cast(), bytes);
+    });
+    std::hint::black_box(&dst);
+    2.0 * bytes as f64 / t / 1e9
+}
+
+/// Same-run single-thread f32 FMA peak (GFLOP/s) of the widest vector unit ssmk uses.
+pub fn fma_peak_gflops(cfg: &Config) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use ssmk::runtime::Isa;
+        if Isa::active() >= Isa::Avx2 {
+            const ITERS: usize = 1 << 20;
+            let t = time(cfg, || {
+                std::hint::black_box(unsafe { fma_loop_avx2(std::hint::black_box(ITERS)) });
+            });
+            return (ITERS * 10 * 8 * 2) as f64 / t / 1e9;
+        }
+    }
+    let _ = cfg;
+    f64::NAN
+}
+
+/// Ten independent FMA chains hide the FMA latency, so this runs at the unit's throughput.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_loop_avx2(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let m = _mm256_set1_ps(std::hint::black_box(0.999_999));
+    let a = _mm256_set1_ps(std::hint::black_box(1e-7));
+    let mut acc: [__m256; 10] =
+        std::array::from_fn(|i| _mm256_set1_ps(std::hint::black_box(i as f32)));
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm256_fmadd_ps(*v, m, a);
+        }
+    }
+    let mut s = _mm256_setzero_ps();
+    for v in acc {
+        s = _mm256_add_ps(s, v);
+    }
+    _mm256_cvtss_f32(s)
+}
+
+/// What a row's throughput counts.
+#[derive(Clone, Copy)]
+pub enum Work {
+    /// Bytes moved (read + written).
+    Bytes(f64),
+}
+
+/// One line of the result table.
+#[derive(Clone)]
+pub struct Row {
+    pub op: String,
+    pub shape: String,
+    pub dtype: String,
+    pub threads: u32,
+    pub seconds: f64,
+    pub work: Work,
+    /// Ratio to the same-run baseline: `(name, ratio)`, >1 = better than the baseline.
+    pub baseline: Option<(String, f64)>,
+    /// Speed-up over the in-tree scalar reference, measured in the same run.
+    pub vs_reference: Option<f64>,
+    pub note: String,
+}
+
+impl Row {
+    pub fn rate(&self) -> (f64, &'static str) {
+        match self.work {
+            Work::Bytes(b) => (b / self.seconds / 1e9, "GB/s"),
+        }
+    }
+}
+
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub facts: Vec<(String, String)>,
+    /// Same-run baselines every suite compares against.
+    pub memcpy_gbps: f64,
+    pub fma_peak_gflops: f64,
+}
+
+impl Report {
+    /// Pushes `row` with its rate divided by a same-run baseline rate of the same unit.
+    pub fn push_against(&mut self, row: Row, baseline: &str, baseline_rate: f64) {
+        let ratio = row.rate().0 / baseline_rate;
+        self.push(Row {
+            baseline: Some((baseline.into(), ratio)),
+            ..row
+        });
+    }
+
+    pub fn push(&mut self, row: Row) {
+        print_row(&row);
+        self.rows.push(row);
+    }
+
+    pub fn fact(&mut self, key: &str, value: String) {
+        println!("# {key}: {value}");
+        self.facts.push((key.to_owned(), value));
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut s = String::from("{\n  \"facts\": {");
+        for (i, (k, v)) in self.facts.iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}\n    {}: {}",
+                if i > 0 { "," } else { "" },
+                json_str(k),
+                json_str(v)
+            );
+        }
+        s.push_str("\n  },\n  \"rows\": [");
+        for (i, r) in self.rows.iter().enumerate() {
+            let (rate, unit) = r.rate();
+            let _ = write!(
+                s,
+                "{}\n    {{\"op\": {}, \"shape\": {}, \"dtype\": {}, \"threads\": {}, \"median_s\": {:e}, \"rate\": {:.4}, \"unit\": {}, \"baseline\": {}, \"baseline_ratio\": {}, \"vs_reference\": {}, \"note\": {}}}",
+                if i > 0 { "," } else { "" },
+                json_str(&r.op),
+                json_str(&r.shape),
+                json_str(&r.dtype),
+                r.threads,
+                r.seconds,
+                rate,
+                json_str(unit),
+                r.baseline
+                    .as_ref()
+                    .map_or("null".into(), |b| json_str(&b.0)),
+                r.baseline
+                    .as_ref()
+                    .map_or("null".into(), |b| format!("{:.4}", b.1)),
+                r.vs_reference.map_or("null".into(), |v| format!("{v:.4}")),
+                json_str(&r.note),
+            );
+        }
+        s.push_str("\n  ]\n}\n");
+        s
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+pub fn print_header() {
+    println!(
+        "{:<28} {:<34} {:<9} {:>3} {:>11} {:>14} {:>24} {:>8}  note",
+        "op", "shape", "dtype", "thr", "median", "rate", "vs same-run baseline", "vs ref"
+    );
+}
+
+fn print_row(r: &Row) {
+    let (rate, unit) = r.rate();
+    let time = if r.seconds < 1e-3 {
+        format!("{:.1} us", r.seconds * 1e6)
+    } else {
+        format!("{:.3} ms", r.seconds * 1e3)
+    };
+    let baseline = r
+        .baseline
+        .as_ref()
+        .map_or("-".into(), |(name, x)| format!("{x:.2}x {name}"));
+    let reference = r.vs_reference.map_or("-".into(), |x| format!("{x:.1}x"));
+    println!(
+        "{:<28} {:<34} {:<9} {:>3} {:>11} {:>9.2} {:<7} {:>21} {:>8}  {}",
+        r.op, r.shape, r.dtype, r.threads, time, rate, unit, baseline, reference, r.note
+    );
+}

@@ -1,0 +1,83 @@
+//! ssmk-bench: times every kernel through the C ABI on realistic shapes and reports throughput
+//! as same-run ratios — to a memcpy/memset of the same bytes or the FMA peak measured in this
+//! run, and to the in-tree scalar reference — never as absolute targets.
+//!
+//!     cargo run --release --bin ssmk-bench -- [--quick] [--json PATH] [--threads 1,2] [--only NAME]
+
+mod buffers;
+mod conv;
+mod harness;
+mod memory;
+mod short_conv;
+
+use harness::{Config, Report};
+
+/// A benchmark suite: runs its cases and pushes rows.
+type Suite = fn(&Config, &mut Report);
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv]"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut cfg = Config {
+        quick: false,
+        threads: vec![1, 2],
+    };
+    let (mut json, mut only) = (None, None);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => cfg.quick = true,
+            "--json" => json = Some(args.next().unwrap_or_else(|| usage())),
+            "--only" => only = Some(args.next().unwrap_or_else(|| usage())),
+            "--threads" => {
+                let list = args.next().unwrap_or_else(|| usage());
+                cfg.threads = list
+                    .split(',')
+                    .map(|t| t.trim().parse().unwrap_or_else(|_| usage()))
+                    .collect();
+            }
+            "-h" | "--help" => usage(),
+            _ => usage(),
+        }
+    }
+    let mut report = Report {
+        rows: Vec::new(),
+        facts: Vec::new(),
+        memcpy_gbps: harness::memcpy_gbps(&cfg, cfg.pick(256 << 20, 16 << 20)),
+        fma_peak_gflops: harness::fma_peak_gflops(&cfg),
+    };
+    report.fact(
+        "ssmk",
+        unsafe { std::ffi::CStr::from_ptr(ssmk::ffi::status::ssmk_version()) }
+            .to_string_lossy()
+            .into(),
+    );
+    report.fact("isa", ssmk::runtime::Isa::active().name().into());
+    report.fact("mode", if cfg.quick { "quick" } else { "full" }.into());
+    report.fact("memcpy_gbps", format!("{:.2}", report.memcpy_gbps));
+    report.fact(
+        "fma_peak_gflops_1t",
+        format!("{:.1}", report.fma_peak_gflops),
+    );
+    harness::print_header();
+    let suites: [(&str, Suite); 3] = [
+        ("memory", memory::run),
+        ("conv", conv::run),
+        ("short_conv", short_conv::run),
+    ];
+    for (name, run) in suites {
+        if only.as_deref().is_none_or(|o| o == name) {
+            run(&cfg, &mut report);
+        }
+    }
+    if let Some(path) = json {
+        std::fs::write(&path, report.to_json())
+            .unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
+        println!("# wrote {path}");
+    }
+}

@@ -1,0 +1,188 @@
+//! LFM2 ShortConv (ABI.md §4.7): the fused `C * conv(B * x)` against the same-run memcpy and
+//! against the three-pass composition (`B*x`, `ssmk_causal_conv1d_fwd`, `C*y`), plus LFM2-like
+//! layer steps (chunked prefill, a decode step) against the portable reference kernels.
+
+use half::bf16;
+use ssmk::dtype::DType;
+use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
+use ssmk::ffi::short_conv::short_conv_with_isa;
+use ssmk::runtime::Isa;
+
+use crate::buffers::Buf;
+use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
+
+/// One ShortConv call's tensors: `lens` sequences in slots `0..`, continuing iff `initial`.
+struct Step {
+    bcx: Buf,
+    weight: Buf,
+    bias: Buf,
+    states: Buf,
+    out: Buf,
+    starts: Buf,
+    slots: Buf,
+    initial: Buf,
+    dim: usize,
+}
+
+impl Step {
+    fn new(lens: &[usize], initial: bool, dim: usize, width: usize) -> Step {
+        let tokens: usize = lens.iter().sum();
+        let mut acc = 0i64;
+        let starts: Vec<i64> = std::iter::once(0)
+            .chain(lens.iter().map(|&l| {
+                acc += l as i64;
+                acc
+            }))
+            .collect();
+        Step {
+            bcx: Buf::random(DType::BF16, &[tokens, 3 * dim], 21, 1.0),
+            weight: Buf::random(DType::BF16, &[dim, width], 22, 0.5),
+            bias: Buf::random(DType::BF16, &[dim], 23, 0.1),
+            states: Buf::random(DType::BF16, &[lens.len(), width - 1, dim], 24, 1.0),
+            out: Buf::zeros(DType::BF16, &[tokens, dim]),
+            starts: Buf::ints(&starts),
+            slots: Buf::ints(&(0..lens.len() as i64).collect::<Vec<_>>()),
+            initial: Buf::mask(&vec![initial; lens.len()]),
+            dim,
+        }
+    }
+
+    fn call(&self, isa: Isa, ctx: &Ctx) {
+        let (bcx, w, b, q, i, h) = (
+            self.bcx.desc(),
+            self.weight.desc(),
+            self.bias.desc(),
+            self.starts.desc(),
+            self.slots.desc(),
+            self.initial.desc(),
+        );
+        let (mut s, mut o) = (self.states.desc(), self.out.desc());
+        ok(unsafe {
+            short_conv_with_isa(isa, ctx.0, &bcx, &w, &b, &mut s, &q, &i, &h, -1, &mut o)
+        });
+    }
+
+    /// The unfused composition: `B*x` into a bf16 buffer, the conv, then `C*y` into `out`.
+    fn composed(&self, ctx: &Ctx, bx: &Buf, y: &Buf) {
+        let d = self.dim;
+        let rows = self.out.shape[0] as usize;
+        let bcx =
+            unsafe { std::slice::from_raw_parts(self.bcx.as_ptr().cast::<bf16>(), rows * 3 * d) };
+        let bxs = unsafe { std::slice::from_raw_parts_mut(bx.as_ptr().cast::<bf16>(), rows * d) };
+        for (r, row) in bcx.chunks_exact(3 * d).enumerate() {
+            for c in 0..d {
+                bxs[r * d + c] = bf16::from_f32(row[c].to_f32() * row[2 * d + c].to_f32());
+            }
+        }
+        let (xd, w, b, q, i, h) = (
+            bx.desc(),
+            self.weight.desc(),
+            self.bias.desc(),
+            self.starts.desc(),
+            self.slots.desc(),
+            self.initial.desc(),
+        );
+        let (mut s, mut yd) = (self.states.desc(), y.desc());
+        ok(unsafe {
+            ssmk_causal_conv1d_fwd(
+                ctx.0,
+                &xd,
+                &w,
+                &b,
+                &mut s,
+                &q,
+                &i,
+                &h,
+                SSMK_ACTIVATION_NONE,
+                -1,
+                &mut yd,
+            )
+        });
+        let ys = unsafe { std::slice::from_raw_parts(y.as_ptr().cast::<bf16>(), rows * d) };
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(self.out.as_ptr().cast::<bf16>(), rows * d) };
+        for (r, row) in bcx.chunks_exact(3 * d).enumerate() {
+            for c in 0..d {
+                out[r * d + c] = bf16::from_f32(row[d + c].to_f32() * ys[r * d + c].to_f32());
+            }
+        }
+    }
+}
+
+fn row(op: &str, shape: String, threads: u32, seconds: f64, work: Work, note: String) -> Row {
+    Row {
+        op: op.into(),
+        shape,
+        dtype: "bf16".into(),
+        threads,
+        seconds,
+        work,
+        baseline: None,
+        vs_reference: None,
+        note,
+    }
+}
+
+/// The kernel alone: T = 4 x 512, D = 1024, W = 3.
+fn kernel(cfg: &Config, report: &mut Report) {
+    let (dim, len) = (1024, cfg.pick(512, 128));
+    let step = Step::new(&[len; 4], false, dim, 3);
+    let tokens = 4 * len;
+    let (bx, y) = (
+        Buf::zeros(DType::BF16, &[tokens, dim]),
+        Buf::zeros(DType::BF16, &[tokens, dim]),
+    );
+    let bytes = (tokens * 4 * dim + 4 * 2 * dim * 2) * 2;
+    let reference = time(cfg, || step.call(Isa::Scalar, &Ctx::new(1)));
+    for &threads in &cfg.threads {
+        let ctx = Ctx::new(threads);
+        let t = time(cfg, || step.call(Isa::active(), &ctx));
+        let composed = time(cfg, || step.composed(&ctx, &bx, &y));
+        let note = format!("{:.2}x faster than B*x, conv, C*y passes", composed / t);
+        let mut r = row(
+            "short_conv",
+            format!("T={tokens} (4x{len}) D={dim} W=3"),
+            threads,
+            t,
+            Work::Bytes(bytes as f64),
+            note,
+        );
+        r.vs_reference = Some(reference / t);
+        let memcpy = report.memcpy_gbps;
+        report.push_against(r, "memcpy", memcpy);
+    }
+}
+
+/// LFM2-like layer steps: (a) 4 prompts x 512 tokens prefilled in 128-token chunks (timed per
+/// chunk step), (b) one decode step of 64 sequences.
+fn layer_steps(cfg: &Config, report: &mut Report) {
+    let dim = 1024;
+    let chunk = Step::new(&[128; 4], true, dim, 3);
+    let decode = Step::new(&[1; 64], true, dim, 3);
+    for (name, step, tokens) in [
+        ("(a) prefill chunk 4x128", &chunk, 512usize),
+        ("(b) decode B=64", &decode, 64),
+    ] {
+        let reference = time(cfg, || step.call(Isa::Scalar, &Ctx::new(1)));
+        for &threads in &cfg.threads {
+            let ctx = Ctx::new(threads);
+            let t = time(cfg, || step.call(Isa::active(), &ctx));
+            let note = format!("{:.0} tokens/s", tokens as f64 / t);
+            let mut r = row(
+                "LFM2 layer step",
+                format!("{name} D={dim} W=3"),
+                threads,
+                t,
+                Work::Bytes((tokens * 4 * dim * 2) as f64),
+                note,
+            );
+            r.vs_reference = Some(reference / t);
+            report.push(r);
+        }
+    }
+}
+
+pub fn run(cfg: &Config, report: &mut Report) {
+    kernel(cfg, report);
+    layer_steps(cfg, report);
+}

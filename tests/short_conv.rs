@@ -1,0 +1,518 @@
+//! LFM2 ShortConv (`ssmk_short_conv`): `out = C * conv(B * x)` must equal, bit for bit, the
+//! unfused composition a runtime would run — `B*x` stored in the activation dtype, then
+//! `ssmk_causal_conv1d_fwd` without activation, then `C*y` stored in the activation dtype —
+//! for every dtype, width, batch shape, state layout and thread count. Padded sequences give
+//! zero rows (the composition may give -0.0 there, so pad rows compare by value).
+
+mod common;
+
+use std::ptr::{null, null_mut};
+
+use common::{Rng, Tensor, assert_error};
+use ssmk::dtype::DType;
+use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
+use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
+use ssmk::ffi::short_conv::{short_conv_with_isa, ssmk_short_conv};
+use ssmk::ffi::status::*;
+use ssmk::runtime::Isa;
+use ssmk::tensor::ssmk_tensor;
+
+struct Ctx(*mut ssmk_context);
+impl Ctx {
+    fn new(threads: u32) -> Ctx {
+        Ctx(ssmk_context_create(threads))
+    }
+}
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        unsafe { ssmk_context_destroy(self.0) }
+    }
+}
+
+fn copy(t: &Tensor) -> Tensor {
+    Tensor {
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        strides: t.strides.clone(),
+        storage: t.storage.clone(),
+    }
+}
+
+/// One call's inputs. `slots[b] == -1` pads sequence `b`.
+struct Case {
+    dtype: DType,
+    dim: usize,
+    lens: Vec<usize>,
+    slots: Vec<i64>,
+    initial: Vec<bool>,
+    bcx: Tensor,
+    weight: Tensor,
+    bias: Option<Tensor>,
+    states: Option<Tensor>,
+}
+
+impl Case {
+    fn new(dtype: DType, dim: usize, width: usize, lens: &[usize], seed: u64) -> Case {
+        let t: usize = lens.iter().sum();
+        let slots_n = lens.len() + 2;
+        let mut rng = Rng::new(seed);
+        // Slots in a shuffled order, state rows L = W+1 (wider than W-1: rows W-1.. untouched).
+        let mut order: Vec<i64> = (0..slots_n as i64).collect();
+        for i in (1..slots_n).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        let slots = order[..lens.len()].to_vec();
+        let mut bcx = Tensor::zeros(dtype, &[t, 3 * dim]);
+        bcx.fill_random(seed, 2.0);
+        let mut weight = Tensor::zeros(dtype, &[dim, width]);
+        weight.fill_random(seed + 1, 0.7);
+        let mut bias = Tensor::zeros(dtype, &[dim]);
+        bias.fill_random(seed + 2, 0.3);
+        let mut states = Tensor::zeros(dtype, &[slots_n, width + 1, dim]);
+        states.fill_random(seed + 3, 1.5);
+        let initial = (0..lens.len()).map(|_| rng.below(2) == 0).collect();
+        Case {
+            dtype,
+            dim,
+            lens: lens.to_vec(),
+            slots,
+            initial,
+            bcx,
+            weight,
+            bias: Some(bias),
+            states: Some(states),
+        }
+    }
+
+    fn starts(&self) -> Tensor {
+        let mut acc = 0i64;
+        let v: Vec<i64> = std::iter::once(0)
+            .chain(self.lens.iter().map(|&l| {
+                acc += l as i64;
+                acc
+            }))
+            .collect();
+        Tensor::ints(DType::I32, &v)
+    }
+
+    fn tokens(&self) -> usize {
+        self.lens.iter().sum()
+    }
+
+    /// `ssmk_short_conv` (at `isa`, or the active kernels) → (out, states after).
+    fn fused(&self, ctx: &Ctx, isa: Option<Isa>) -> (Tensor, Option<Tensor>) {
+        let out = Tensor::zeros(self.dtype, &[self.tokens(), self.dim]);
+        let states = self.states.as_ref().map(copy);
+        let (bcx, w, q) = (self.bcx.desc(), self.weight.desc(), self.starts());
+        let b = self.bias.as_ref().map(Tensor::desc);
+        let idx = Tensor::ints(DType::I64, &self.slots);
+        let init = Tensor::ints(
+            DType::Bool,
+            &self.initial.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+        );
+        let mut sd = states.as_ref().map(Tensor::desc);
+        let mut od = out.desc();
+        let (qd, id, hd) = (q.desc(), idx.desc(), init.desc());
+        let args = (
+            b.as_ref().map_or(null(), |d| d as *const _),
+            sd.as_mut().map_or(null_mut(), |d| d as *mut _),
+            if states.is_some() {
+                &hd as *const ssmk_tensor
+            } else {
+                null()
+            },
+        );
+        let code = unsafe {
+            match isa {
+                Some(isa) => short_conv_with_isa(
+                    isa, ctx.0, &bcx, &w, args.0, args.1, &qd, &id, args.2, -1, &mut od,
+                ),
+                None => ssmk_short_conv(
+                    ctx.0, &bcx, &w, args.0, args.1, &qd, &id, args.2, -1, &mut od,
+                ),
+            }
+        };
+        assert_eq!(code, SSMK_OK, "{}", common::last_error());
+        (out, states)
+    }
+
+    /// The unfused composition through the C ABI.
+    fn composed(&self, ctx: &Ctx) -> (Tensor, Option<Tensor>) {
+        let (t, d) = (self.tokens(), self.dim);
+        let mut bx = Tensor::zeros(self.dtype, &[t, d]);
+        for i in 0..t {
+            for c in 0..d {
+                let v = self.bcx.get(&[i, c]) as f32 * self.bcx.get(&[i, 2 * d + c]) as f32;
+                bx.set(&[i, c], v as f64);
+            }
+        }
+        let y = Tensor::zeros(self.dtype, &[t, d]);
+        let states = self.states.as_ref().map(copy);
+        let (xd, w, q) = (bx.desc(), self.weight.desc(), self.starts());
+        let b = self.bias.as_ref().map(Tensor::desc);
+        let idx = Tensor::ints(DType::I64, &self.slots);
+        let init = Tensor::ints(
+            DType::Bool,
+            &self.initial.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+        );
+        let mut sd = states.as_ref().map(Tensor::desc);
+        let mut yd = y.desc();
+        let (qd, id, hd) = (q.desc(), idx.desc(), init.desc());
+        let code = unsafe {
+            ssmk_causal_conv1d_fwd(
+                ctx.0,
+                &xd,
+                &w,
+                b.as_ref().map_or(null(), |d| d as *const _),
+                sd.as_mut().map_or(null_mut(), |d| d as *mut _),
+                &qd,
+                &id,
+                if states.is_some() { &hd } else { null() },
+                SSMK_ACTIVATION_NONE,
+                -1,
+                &mut yd,
+            )
+        };
+        assert_eq!(code, SSMK_OK, "{}", common::last_error());
+        let mut out = Tensor::zeros(self.dtype, &[t, d]);
+        for i in 0..t {
+            for c in 0..d {
+                let v = self.bcx.get(&[i, d + c]) as f32 * y.get(&[i, c]) as f32;
+                out.set(&[i, c], v as f64);
+            }
+        }
+        (out, states)
+    }
+
+    fn padded_token(&self, t: usize) -> bool {
+        let mut start = 0;
+        for (b, &l) in self.lens.iter().enumerate() {
+            if t < start + l {
+                return self.slots[b] == -1;
+            }
+            start += l;
+        }
+        false
+    }
+}
+
+fn assert_same(
+    case: &Case,
+    got: &(Tensor, Option<Tensor>),
+    want: &(Tensor, Option<Tensor>),
+    what: &str,
+) {
+    let d = case.dim;
+    for t in 0..case.tokens() {
+        for c in 0..d {
+            let (g, w) = (got.0.get(&[t, c]), want.0.get(&[t, c]));
+            if case.padded_token(t) {
+                assert!(
+                    g == 0.0 && g.is_sign_positive() && w == 0.0,
+                    "{what}: pad row {t} ch {c}: {g} vs {w}"
+                );
+            } else {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{what}: out[{t}][{c}] = {g}, composition {w}"
+                );
+            }
+        }
+    }
+    match (&got.1, &want.1) {
+        (Some(g), Some(w)) => assert!(g.bytes() == w.bytes(), "{what}: states differ"),
+        (None, None) => {}
+        _ => unreachable!(),
+    }
+}
+
+const SEQ_LISTS: [&[usize]; 8] = [
+    &[1],
+    &[1, 2, 3],
+    &[63],
+    &[64],
+    &[65],
+    &[63, 64, 65],
+    &[127, 128, 129],
+    &[273],
+];
+
+#[test]
+fn equals_unfused_composition_bit_for_bit() {
+    let ctx = Ctx::new(2);
+    let mut seed = 1;
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for (i, lens) in SEQ_LISTS.iter().enumerate() {
+            let width = [2, 3, 4, 8][i % 4];
+            seed += 1;
+            let mut case = Case::new(dtype, 136, width, lens, seed);
+            if i % 3 == 0 {
+                case.bias = None;
+            }
+            let what = format!("{dtype:?} W={width} lens={lens:?}");
+            assert_same(&case, &case.fused(&ctx, None), &case.composed(&ctx), &what);
+        }
+    }
+}
+
+#[test]
+fn every_isa_and_thread_count_agrees() {
+    let mut case = Case::new(DType::BF16, 300, 3, &[1, 70, 0, 5, 300], 77);
+    case.slots[3] = -1;
+    let want = case.composed(&Ctx::new(1));
+    for isa in Isa::supported() {
+        for threads in [1, 2, 3] {
+            let got = case.fused(&Ctx::new(threads), Some(isa));
+            assert_same(&case, &got, &want, &format!("{isa:?} threads={threads}"));
+        }
+    }
+}
+
+#[test]
+fn pads_null_states_and_strided_rows() {
+    let ctx = Ctx::new(2);
+    // Padded sequences and a zero-length one.
+    let mut case = Case::new(DType::F16, 64, 3, &[5, 0, 9, 1], 5);
+    case.slots[0] = -1;
+    let (out, states) = case.fused(&ctx, None);
+    assert_same(
+        &case,
+        &(copy(&out), states.as_ref().map(copy)),
+        &case.composed(&ctx),
+        "pads",
+    );
+    // Padded slot's state untouched: compare with the initial pool at the slot it would not use.
+    // No state pool at all: zero history, nothing written.
+    let mut stateless = Case::new(DType::BF16, 40, 4, &[7, 3], 6);
+    stateless.states = None;
+    stateless.initial = vec![false, false];
+    assert_same(
+        &stateless,
+        &stateless.fused(&ctx, None),
+        &stateless.composed(&ctx),
+        "no states",
+    );
+    // bcx rows with padding between them (row stride > 3D).
+    let mut strided = Case::new(DType::F32, 48, 3, &[10, 20], 8);
+    let t = strided.tokens();
+    let mut wide = Tensor::with_layout(DType::F32, &[t, 144], Some(&[150, 1]), t * 150);
+    for i in 0..t {
+        for c in 0..144 {
+            wide.set(&[i, c], strided.bcx.get(&[i, c]));
+        }
+    }
+    let want = strided.composed(&ctx);
+    strided.bcx = wide;
+    assert_same(
+        &strided,
+        &strided.fused(&ctx, None),
+        &want,
+        "strided bcx rows",
+    );
+}
+
+/// A prefill split over two calls (the second continuing from the state) equals one call.
+#[test]
+fn chunked_prefill_is_bit_exact() {
+    let ctx = Ctx::new(2);
+    for (total, first) in [(128, 64), (145, 64), (145, 73), (273, 128), (192, 65)] {
+        for dtype in [DType::BF16, DType::F32] {
+            let mut whole = Case::new(dtype, 96, 3, &[total], total as u64);
+            whole.initial = vec![false];
+            let one = whole.fused(&ctx, None);
+            let d = whole.dim;
+            let part = |rows: std::ops::Range<usize>| {
+                let mut t = Tensor::zeros(dtype, &[rows.len(), 3 * d]);
+                for (i, r) in rows.enumerate() {
+                    for c in 0..3 * d {
+                        t.set(&[i, c], whole.bcx.get(&[r, c]));
+                    }
+                }
+                t
+            };
+            let mut a = Case::new(dtype, 96, 3, &[first], 1);
+            a.bcx = part(0..first);
+            a.weight = copy(&whole.weight);
+            a.bias = whole.bias.as_ref().map(copy);
+            a.states = whole.states.as_ref().map(copy);
+            a.slots = whole.slots.clone();
+            a.initial = vec![false];
+            let (out_a, states_a) = a.fused(&ctx, None);
+            let mut b = Case::new(dtype, 96, 3, &[total - first], 2);
+            b.bcx = part(first..total);
+            b.weight = copy(&whole.weight);
+            b.bias = whole.bias.as_ref().map(copy);
+            b.states = states_a;
+            b.slots = whole.slots.clone();
+            b.initial = vec![true];
+            let (out_b, states_b) = b.fused(&ctx, None);
+            for t in 0..total {
+                for c in 0..d {
+                    let got = if t < first {
+                        out_a.get(&[t, c])
+                    } else {
+                        out_b.get(&[t - first, c])
+                    };
+                    assert_eq!(
+                        got.to_bits(),
+                        one.0.get(&[t, c]).to_bits(),
+                        "split ({total},{first}) {dtype:?} t={t}"
+                    );
+                }
+            }
+            assert!(
+                states_b.unwrap().bytes() == one.1.unwrap().bytes(),
+                "split state ({total},{first})"
+            );
+        }
+    }
+}
+
+/// Decodes (length-1 sequences continuing from state) and prefills in one call equal separate calls.
+#[test]
+fn mixed_decode_and_prefill_equals_separate_calls() {
+    let ctx = Ctx::new(2);
+    let mut mixed = Case::new(DType::BF16, 128, 3, &[1, 1, 37, 1, 200], 41);
+    mixed.initial = vec![true, true, false, true, true];
+    let together = mixed.fused(&ctx, None);
+    let mut states = mixed.states.as_ref().map(copy);
+    let mut start = 0;
+    for b in 0..mixed.lens.len() {
+        let len = mixed.lens[b];
+        let mut one = Case::new(DType::BF16, 128, 3, &[len], 3);
+        one.bcx = Tensor::zeros(DType::BF16, &[len, 384]);
+        for i in 0..len {
+            for c in 0..384 {
+                one.bcx.set(&[i, c], mixed.bcx.get(&[start + i, c]));
+            }
+        }
+        one.weight = copy(&mixed.weight);
+        one.bias = mixed.bias.as_ref().map(copy);
+        one.states = states;
+        one.slots = vec![mixed.slots[b]];
+        one.initial = vec![mixed.initial[b]];
+        let (out, after) = one.fused(&ctx, None);
+        for i in 0..len {
+            for c in 0..128 {
+                assert_eq!(
+                    out.get(&[i, c]).to_bits(),
+                    together.0.get(&[start + i, c]).to_bits(),
+                    "seq {b} t={i}"
+                );
+            }
+        }
+        states = after;
+        start += len;
+    }
+    assert!(states.unwrap().bytes() == together.1.unwrap().bytes());
+}
+
+#[test]
+fn rejects_bad_inputs_without_writing() {
+    let ctx = Ctx::new(2);
+    let case = Case::new(DType::BF16, 32, 3, &[4, 6], 9);
+    let t = case.tokens();
+    let states = copy(case.states.as_ref().unwrap());
+    let out = Tensor::zeros(DType::BF16, &[t, 32]);
+    let (out_before, states_before) = (out.bytes(), states.bytes());
+    let q = case.starts();
+    let idx = Tensor::ints(DType::I64, &case.slots);
+    let call = |bcx: &ssmk_tensor,
+                w: &ssmk_tensor,
+                q: &ssmk_tensor,
+                idx: &ssmk_tensor,
+                init: *const ssmk_tensor,
+                out: &mut ssmk_tensor| {
+        let mut sd = states.desc();
+        unsafe { ssmk_short_conv(ctx.0, bcx, w, null(), &mut sd, q, idx, init, -1, out) }
+    };
+    let (bcx, w, qd, id) = (case.bcx.desc(), case.weight.desc(), q.desc(), idx.desc());
+    // bcx columns not 3 * D.
+    let narrow = Tensor::zeros(DType::BF16, &[t, 95]);
+    assert_error(
+        call(&narrow.desc(), &w, &qd, &id, null(), &mut out.desc()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["bcx.shape[1] = 95", "3 * D"],
+    );
+    // weight for another D.
+    let w40 = Tensor::zeros(DType::BF16, &[40, 3]);
+    assert_error(
+        call(&bcx, &w40.desc(), &qd, &id, null(), &mut out.desc()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["weight.shape[0] = 40"],
+    );
+    // Width outside 2..=8.
+    let w9 = Tensor::zeros(DType::BF16, &[32, 9]);
+    assert_error(
+        call(&bcx, &w9.desc(), &qd, &id, null(), &mut out.desc()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["weight.shape[1] = 9"],
+    );
+    // Output dtype differs from bcx.
+    let out32 = Tensor::zeros(DType::F32, &[t, 32]);
+    assert_error(
+        call(&bcx, &w, &qd, &id, null(), &mut out32.desc()),
+        SSMK_ERR_UNSUPPORTED_DTYPE,
+        &["out.dtype = float32"],
+    );
+    // Slot out of range, duplicate slots, offsets past T.
+    let bad_idx = Tensor::ints(DType::I64, &[0, 99]);
+    assert_error(
+        call(&bcx, &w, &qd, &bad_idx.desc(), null(), &mut out.desc()),
+        SSMK_ERR_OUT_OF_BOUNDS,
+        &["cache_indices[1] = 99"],
+    );
+    let dup = Tensor::ints(DType::I64, &[2, 2]);
+    assert_error(
+        call(&bcx, &w, &qd, &dup.desc(), null(), &mut out.desc()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["distinct"],
+    );
+    let far = Tensor::ints(DType::I32, &[0, 4, 11]);
+    assert_error(
+        call(&bcx, &w, &far.desc(), &id, null(), &mut out.desc()),
+        SSMK_ERR_OUT_OF_BOUNDS,
+        &["query_start_loc[2] = 11"],
+    );
+    // out aliasing bcx.
+    let mut alias = case.bcx.desc();
+    let alias_shape = [t as i64, 32];
+    let alias_strides = [96i64, 1];
+    alias.shape = alias_shape.as_ptr();
+    alias.strides = alias_strides.as_ptr();
+    assert_error(
+        call(&bcx, &w, &qd, &id, null(), &mut alias),
+        SSMK_ERR_ALIASING,
+        &["out"],
+    );
+    // has_initial_state of the wrong length.
+    let init3 = Tensor::ints(DType::Bool, &[1, 0, 1]);
+    assert_error(
+        call(&bcx, &w, &qd, &id, &init3.desc(), &mut out.desc()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["has_initial_state.shape[0] = 3"],
+    );
+    // NULL required arguments.
+    let mut od = out.desc();
+    let mut sd = states.desc();
+    let code = unsafe {
+        ssmk_short_conv(
+            ctx.0,
+            null(),
+            &w,
+            null(),
+            &mut sd,
+            &qd,
+            &id,
+            null(),
+            -1,
+            &mut od,
+        )
+    };
+    assert_error(code, SSMK_ERR_NULL_POINTER, &["bcx is NULL"]);
+    assert!(
+        out.bytes() == out_before && states.bytes() == states_before,
+        "nothing written on error"
+    );
+}

@@ -320,13 +320,17 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
                 std::array::from_fn(|k| unsafe { x.add((t + k + 1 - W) * p.x_tok) });
             let orow = unsafe { out.add(t * p.out_tok) };
             let ahead = t + PREFETCH_ROWS;
-            let (pf_x, pf_out) = unsafe { (x.add(ahead * p.x_tok), out.add(ahead * p.out_tok)) };
+            // Only dereferenced (as a prefetch hint) while `ahead` is inside the piece.
+            let (pf_x, pf_out) = (
+                x.wrapping_add(ahead * p.x_tok),
+                out.wrapping_add(ahead * p.out_tok),
+            );
             for v in (0..vec_end).step_by(S::LANES) {
                 let c = c0 + v;
                 unsafe {
                     if v % line == 0 && ahead < pc.t1 {
                         io.prefetch::<A>(pf_x, c);
-                        prefetch(pf_out.add(c));
+                        prefetch(pf_out.wrapping_add(c));
                     }
                     let mut acc = S::load_f32(bias.as_ptr().add(v));
                     for k in 0..W {

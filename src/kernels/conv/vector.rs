@@ -325,26 +325,45 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
                 x.wrapping_add(ahead * p.x_tok),
                 out.wrapping_add(ahead * p.out_tok),
             );
-            for v in (0..vec_end).step_by(S::LANES) {
-                let c = c0 + v;
+            let prefetch_on = ahead < pc.t1;
+            let mut v = 0;
+            // Two vectors per step while they fit: silu's constants and the loop are shared.
+            while v + 2 * S::LANES <= vec_end {
                 unsafe {
-                    if v % line == 0 && ahead < pc.t1 {
-                        io.prefetch::<A>(pf_x, c);
-                        prefetch(pf_out.wrapping_add(c));
-                    }
-                    let mut acc = S::load_f32(bias.as_ptr().add(v));
-                    for k in 0..W {
-                        acc = S::fma(
-                            S::load_f32(weight[k].as_ptr().add(v)),
-                            io.load::<S, A>(rows[k], c),
-                            acc,
-                        );
-                    }
-                    if p.silu {
-                        acc = silu::<S, A>(acc);
-                    }
-                    io.store::<S, A>(orow, rows[W - 1], c, acc);
-                }
+                    row_vectors::<S, A, Io, W, 2>(
+                        io,
+                        &rows,
+                        orow,
+                        &weight,
+                        &bias,
+                        v,
+                        c0,
+                        line,
+                        p.silu,
+                        prefetch_on,
+                        pf_x,
+                        pf_out,
+                    )
+                };
+                v += 2 * S::LANES;
+            }
+            if v < vec_end {
+                unsafe {
+                    row_vectors::<S, A, Io, W, 1>(
+                        io,
+                        &rows,
+                        orow,
+                        &weight,
+                        &bias,
+                        v,
+                        c0,
+                        line,
+                        p.silu,
+                        prefetch_on,
+                        pf_x,
+                        pf_out,
+                    )
+                };
             }
             for j in vec_end..cn {
                 let c = c0 + j;
@@ -362,6 +381,55 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
         }
         if let (0, Some(state)) = (pc.t0, s.state) {
             unsafe { write_state::<S, A, St, Io>(p, s, state.cast::<St>(), c0, cn, io) };
+        }
+    }
+}
+
+/// Outputs of one row for `N` consecutive channel vectors starting at block offset `v`, from the
+/// `W` input rows ending at this token; prefetches the row `PREFETCH_ROWS` ahead at line starts.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_vectors<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const N: usize>(
+    io: &Io,
+    rows: &[*const A; W],
+    orow: *mut A,
+    weight: &[[f32; CHANNEL_BLOCK]; W],
+    bias: &[f32; CHANNEL_BLOCK],
+    v: usize,
+    c0: usize,
+    line: usize,
+    use_silu: bool,
+    prefetch_on: bool,
+    pf_x: *const A,
+    pf_out: *mut A,
+) {
+    unsafe {
+        for u in 0..N {
+            let vu = v + u * S::LANES;
+            if prefetch_on && vu.is_multiple_of(line) {
+                io.prefetch::<A>(pf_x, c0 + vu);
+                prefetch(pf_out.wrapping_add(c0 + vu));
+            }
+        }
+        let mut acc: [S::V; N] =
+            std::array::from_fn(|u| S::load_f32(bias.as_ptr().add(v + u * S::LANES)));
+        for k in 0..W {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let vu = v + u * S::LANES;
+                *a = S::fma(
+                    S::load_f32(weight[k].as_ptr().add(vu)),
+                    io.load::<S, A>(rows[k], c0 + vu),
+                    *a,
+                );
+            }
+        }
+        if use_silu {
+            for a in acc.iter_mut() {
+                *a = silu::<S, A>(*a);
+            }
+        }
+        for (u, a) in acc.iter().enumerate() {
+            io.store::<S, A>(orow, rows[W - 1], c0 + v + u * S::LANES, *a);
         }
     }
 }

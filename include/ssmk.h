@@ -30,7 +30,9 @@
 #define SSMK_ACTIVATION_NONE 0
 
 /**
- * `activation`: `out = silu(conv) = conv / (1 + exp(-conv))`.
+ * `activation`: `out = silu(conv) = conv / (1 + exp(-conv))`. The vector kernels evaluate `exp`
+ * with a polynomial whose relative error (about 1e-7 for float32 outputs, 2e-6 for float16, 4e-5
+ * for bfloat16) stays well below the output's rounding.
  */
 #define SSMK_ACTIVATION_SILU 1
 

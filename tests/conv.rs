@@ -1360,6 +1360,11 @@ fn perf_report() {
         (wall, cpu)
     }
     let only = std::env::var("SSMK_PERF_ONLY").unwrap_or_default();
+    // SSMK_PERF_ACTIVATION=0 measures without silu.
+    let act_code: u32 = std::env::var("SSMK_PERF_ACTIVATION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SSMK_ACTIVATION_SILU);
     let report = |label: String, bytes: f64, (wall, cpu): (f64, f64), threads: u32| {
         let cpu_part = if threads == 1 {
             format!(", cpu {:.2} ms = {:.1} GB/s", cpu * 1e3, bytes / cpu / 1e9)
@@ -1403,7 +1408,10 @@ fn perf_report() {
                     ""
                 }
             );
-            if !label.contains(&only) || (isa.is_some() && act != DType::BF16) {
+            if !label.contains(&only)
+                || (isa.is_some()
+                    && (act != DType::BF16 || (!only.is_empty() && !only.contains("scalar"))))
+            {
                 continue;
             }
             let mut s = Spec::new(&[1, 1, 1, 1], 8, 4, act);
@@ -1425,6 +1433,7 @@ fn perf_report() {
             ] {
                 fill(t);
             }
+            f.act = act_code;
             let ctx = Ctx::new(threads);
             let bytes = (2 * 2048 * d * size + (2 + 4) * 3 * d * size) as f64;
             report(label, bytes, time(|| f.run(&ctx, isa)), threads);
@@ -1454,6 +1463,7 @@ fn perf_report() {
             ] {
                 fill(t);
             }
+            u.act = act_code;
             let ctx = Ctx::new(threads);
             let bytes = (2 * 256 * d * size + 2 * 256 * 3 * d * size) as f64;
             report(label, bytes, time(|| u.run(&ctx, None)), threads);

@@ -13,7 +13,9 @@ use crate::{bail, ensure};
 
 /// `activation`: no activation, `out = conv`.
 pub const SSMK_ACTIVATION_NONE: u32 = 0;
-/// `activation`: `out = silu(conv) = conv / (1 + exp(-conv))`.
+/// `activation`: `out = silu(conv) = conv / (1 + exp(-conv))`. The vector kernels evaluate `exp`
+/// with a polynomial whose relative error (about 1e-7 for float32 outputs, 2e-6 for float16, 4e-5
+/// for bfloat16) stays well below the output's rounding.
 pub const SSMK_ACTIVATION_SILU: u32 = 1;
 
 fn parse_activation(activation: u32) -> Result<bool> {

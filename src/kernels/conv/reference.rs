@@ -73,7 +73,10 @@ pub unsafe fn sequence(p: &Problem, b: usize) {
                 *h = unsafe { load_f32(st, p.state_dtype, slot(first_row + j)) };
             }
         }
-        let weight: Vec<f32> = (0..w).map(|k| unsafe { p.weight.get(c, k) }).collect();
+        let mut weight = [0f32; MAX_WIDTH];
+        for (k, wk) in weight.iter_mut().enumerate().take(w) {
+            *wk = unsafe { p.weight.get(c, k) };
+        }
         let bias = p.bias.map_or(0.0, |m| unsafe { m.get(c, 0) });
         // Input at relative time i (negative: history).
         let input = |i: isize| {
@@ -89,7 +92,7 @@ pub unsafe fn sequence(p: &Problem, b: usize) {
                 *v = input(t as isize + k as isize - (w as isize - 1));
             }
             let (i, ptr) = out_at(t, c);
-            let mut y = output(&weight, &window[..w], bias, p.silu);
+            let mut y = output(&weight[..w], &window[..w], bias, p.silu);
             if let Some(g) = p.gates {
                 y = at(t, g.c_back) * round_to(p.act, y);
             }
@@ -99,10 +102,11 @@ pub unsafe fn sequence(p: &Problem, b: usize) {
         match s.update {
             StateUpdate::Append => {
                 // Row j := input at relative time len - (W-1) + j. Read all before writing.
-                let rows: Vec<f32> = (0..w - 1)
-                    .map(|j| input(s.len as isize - (w as isize - 1) + j as isize))
-                    .collect();
-                for (j, v) in rows.into_iter().enumerate() {
+                let mut rows = [0f32; MAX_WIDTH];
+                for (j, r) in rows.iter_mut().enumerate().take(w - 1) {
+                    *r = input(s.len as isize - (w as isize - 1) + j as isize);
+                }
+                for (j, &v) in rows.iter().enumerate().take(w - 1) {
                     unsafe { store_f32(st, p.state_dtype, slot(j), v) };
                 }
             }

@@ -12,34 +12,12 @@ mod common;
 
 use std::ptr::{null, null_mut};
 
-use common::{Rng, Tensor, assert_error};
+use common::{Ctx, Rng, Tensor, assert_error};
 use ssmk::dtype::DType;
-use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
 use ssmk::ffi::conv::*;
 use ssmk::ffi::status::*;
 use ssmk::runtime::Isa;
 use ssmk::tensor::ssmk_tensor;
-
-struct Ctx(*mut ssmk_context);
-impl Ctx {
-    fn new(threads: u32) -> Ctx {
-        Ctx(ssmk_context_create(threads))
-    }
-}
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        unsafe { ssmk_context_destroy(self.0) }
-    }
-}
-
-fn clone(t: &Tensor) -> Tensor {
-    Tensor {
-        dtype: t.dtype,
-        shape: t.shape.clone(),
-        strides: t.strides.clone(),
-        storage: t.storage.clone(),
-    }
-}
 
 fn desc(t: &Option<Tensor>) -> Option<ssmk_tensor> {
     t.as_ref().map(Tensor::desc)
@@ -161,16 +139,16 @@ impl Fwd {
 
     fn dup(&self) -> Fwd {
         Fwd {
-            x: clone(&self.x),
-            weight: clone(&self.weight),
-            bias: self.bias.as_ref().map(clone),
-            states: self.states.as_ref().map(clone),
-            qsl: self.qsl.as_ref().map(clone),
-            idx: self.idx.as_ref().map(clone),
-            init: self.init.as_ref().map(clone),
+            x: Tensor::clone(&self.x),
+            weight: Tensor::clone(&self.weight),
+            bias: self.bias.clone(),
+            states: self.states.clone(),
+            qsl: self.qsl.clone(),
+            idx: self.idx.clone(),
+            init: self.init.clone(),
             act: self.act,
             pad: self.pad,
-            out: clone(&self.out),
+            out: Tensor::clone(&self.out),
         }
     }
 
@@ -287,7 +265,7 @@ fn expect_fwd(f: &Fwd) -> (Vec<Option<f64>>, Option<Tensor>) {
     };
     let b = starts.len() - 1;
     let mut out = vec![None; t * d];
-    let mut states = f.states.as_ref().map(clone);
+    let mut states = f.states.clone();
     for s in 0..b {
         let slot = f.idx.as_ref().map_or(s as i64, |i| i.get(&[s]) as i64);
         let init = f.init.as_ref().is_some_and(|h| h.get(&[s]) != 0.0);
@@ -542,10 +520,10 @@ fn chunked_prefill_is_bit_exact() {
                 let mut rest = part.dup();
                 part.qsl = Some(Tensor::ints(DType::I32, &[0, first as i64]));
                 part.run(&ctx, None);
-                rest.states = part.states.as_ref().map(clone);
+                rest.states = part.states.clone();
                 rest.qsl = Some(Tensor::ints(DType::I32, &[first as i64, t as i64]));
                 rest.init = Some(Tensor::ints(DType::Bool, &[1]));
-                rest.out = clone(&part.out);
+                rest.out = Tensor::clone(&part.out);
                 rest.run(&ctx, None);
                 let what = format!("split {total}/{first} {act:?} init {init}");
                 assert!(
@@ -699,15 +677,15 @@ impl Update {
 
     fn dup(&self) -> Update {
         Update {
-            x: clone(&self.x),
-            states: clone(&self.states),
-            weight: clone(&self.weight),
-            bias: self.bias.as_ref().map(clone),
-            idx: self.idx.as_ref().map(clone),
-            accepted: self.accepted.as_ref().map(clone),
+            x: Tensor::clone(&self.x),
+            states: Tensor::clone(&self.states),
+            weight: Tensor::clone(&self.weight),
+            bias: self.bias.clone(),
+            idx: self.idx.clone(),
+            accepted: self.accepted.clone(),
             act: self.act,
             pad: self.pad,
-            out: clone(&self.out),
+            out: Tensor::clone(&self.out),
         }
     }
 
@@ -811,7 +789,7 @@ fn expect_update(u: &Update) -> (Vec<Option<f64>>, Tensor) {
     let (bn, q, d) = u.dims();
     let (w, l) = (u.width(), u.states.shape[1] as usize);
     let mut out = vec![None; bn * q * d];
-    let mut st = clone(&u.states);
+    let mut st = Tensor::clone(&u.states);
     for b in 0..bn {
         let slot = u.idx.as_ref().map_or(b as i64, |i| i.get(&[b]) as i64);
         if slot == u.pad {
@@ -870,8 +848,8 @@ fn check_update_all_isas(u: &Update, what: &str) {
     reference.run(&ctx, Some(Isa::Scalar));
     check_out(&reference.out, &u.out, &want_out, &format!("{what} scalar"));
     check_states(
-        &Some(clone(&reference.states)),
-        &Some(clone(&want_states)),
+        &Some(Tensor::clone(&reference.states)),
+        &Some(Tensor::clone(&want_states)),
         &format!("{what} scalar"),
     );
     for isa in Isa::supported().into_iter().skip(1) {
@@ -879,7 +857,11 @@ fn check_update_all_isas(u: &Update, what: &str) {
         g.run(&ctx, Some(isa));
         let w = format!("{what} {isa:?}");
         check_out(&g.out, &u.out, &want_out, &w);
-        check_states(&Some(clone(&g.states)), &Some(clone(&want_states)), &w);
+        check_states(
+            &Some(Tensor::clone(&g.states)),
+            &Some(Tensor::clone(&want_states)),
+            &w,
+        );
         check_variant(&g.out, &reference.out, u.act == SSMK_ACTIVATION_SILU, &w);
     }
 }
@@ -977,14 +959,14 @@ fn update_equals_fwd_with_state() {
             let (bn, qn, d) = u.dims();
             let mut f = Fwd {
                 x: Tensor::zeros(act, &[bn * qn, d]),
-                weight: clone(&u.weight),
-                bias: u.bias.as_ref().map(clone),
-                states: Some(clone(&u.states)),
+                weight: Tensor::clone(&u.weight),
+                bias: u.bias.clone(),
+                states: Some(Tensor::clone(&u.states)),
                 qsl: Some(Tensor::ints(
                     DType::I64,
                     &(0..=bn as i64).map(|b| b * qn as i64).collect::<Vec<_>>(),
                 )),
-                idx: u.idx.as_ref().map(clone),
+                idx: u.idx.clone(),
                 init: Some(Tensor::ints(DType::I32, &vec![1; bn])),
                 act: u.act,
                 pad: u.pad,

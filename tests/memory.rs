@@ -5,24 +5,12 @@ mod common;
 use std::ffi::c_void;
 use std::ptr;
 
-use common::{Rng, Tensor, assert_error};
+use common::{Ctx, Rng, Tensor, assert_error};
 use ssmk::dtype::DType;
-use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
+use ssmk::ffi::context::ssmk_context;
 use ssmk::ffi::memory::{ssmk_batch_memcpy, ssmk_zero_blocks, ssmk_zero_blocks_multi};
 use ssmk::ffi::status::*;
 use ssmk::tensor::ssmk_tensor;
-
-struct Ctx(*mut ssmk_context);
-impl Ctx {
-    fn new(threads: u32) -> Ctx {
-        Ctx(ssmk_context_create(threads))
-    }
-}
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        unsafe { ssmk_context_destroy(self.0) }
-    }
-}
 
 /// (dst offset, src offset, len) within one pool.
 type Entry = (usize, usize, usize);

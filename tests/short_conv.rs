@@ -8,35 +8,13 @@ mod common;
 
 use std::ptr::{null, null_mut};
 
-use common::{Rng, Tensor, assert_error};
+use common::{Ctx, Rng, Tensor, assert_error};
 use ssmk::dtype::DType;
-use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
 use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
 use ssmk::ffi::short_conv::{short_conv_with_isa, ssmk_short_conv};
 use ssmk::ffi::status::*;
 use ssmk::runtime::Isa;
 use ssmk::tensor::ssmk_tensor;
-
-struct Ctx(*mut ssmk_context);
-impl Ctx {
-    fn new(threads: u32) -> Ctx {
-        Ctx(ssmk_context_create(threads))
-    }
-}
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        unsafe { ssmk_context_destroy(self.0) }
-    }
-}
-
-fn copy(t: &Tensor) -> Tensor {
-    Tensor {
-        dtype: t.dtype,
-        shape: t.shape.clone(),
-        strides: t.strides.clone(),
-        storage: t.storage.clone(),
-    }
-}
 
 /// One call's inputs. `slots[b] == -1` pads sequence `b`.
 struct Case {
@@ -102,7 +80,7 @@ impl Case {
     /// `ssmk_short_conv` (at `isa`, or the active kernels) → (out, states after).
     fn fused(&self, ctx: &Ctx, isa: Option<Isa>) -> (Tensor, Option<Tensor>) {
         let out = Tensor::zeros(self.dtype, &[self.tokens(), self.dim]);
-        let states = self.states.as_ref().map(copy);
+        let states = self.states.clone();
         let (bcx, w, q) = (self.bcx.desc(), self.weight.desc(), self.starts());
         let b = self.bias.as_ref().map(Tensor::desc);
         let idx = Tensor::ints(DType::I64, &self.slots);
@@ -147,7 +125,7 @@ impl Case {
             }
         }
         let y = Tensor::zeros(self.dtype, &[t, d]);
-        let states = self.states.as_ref().map(copy);
+        let states = self.states.clone();
         let (xd, w, q) = (bx.desc(), self.weight.desc(), self.starts());
         let b = self.bias.as_ref().map(Tensor::desc);
         let idx = Tensor::ints(DType::I64, &self.slots);
@@ -278,7 +256,7 @@ fn pads_null_states_and_strided_rows() {
     let (out, states) = case.fused(&ctx, None);
     assert_same(
         &case,
-        &(copy(&out), states.as_ref().map(copy)),
+        &(Tensor::clone(&out), states.clone()),
         &case.composed(&ctx),
         "pads",
     );
@@ -333,16 +311,16 @@ fn chunked_prefill_is_bit_exact() {
             };
             let mut a = Case::new(dtype, 96, 3, &[first], 1);
             a.bcx = part(0..first);
-            a.weight = copy(&whole.weight);
-            a.bias = whole.bias.as_ref().map(copy);
-            a.states = whole.states.as_ref().map(copy);
+            a.weight = Tensor::clone(&whole.weight);
+            a.bias = whole.bias.clone();
+            a.states = whole.states.clone();
             a.slots = whole.slots.clone();
             a.initial = vec![false];
             let (out_a, states_a) = a.fused(&ctx, None);
             let mut b = Case::new(dtype, 96, 3, &[total - first], 2);
             b.bcx = part(first..total);
-            b.weight = copy(&whole.weight);
-            b.bias = whole.bias.as_ref().map(copy);
+            b.weight = Tensor::clone(&whole.weight);
+            b.bias = whole.bias.clone();
             b.states = states_a;
             b.slots = whole.slots.clone();
             b.initial = vec![true];
@@ -376,7 +354,7 @@ fn mixed_decode_and_prefill_equals_separate_calls() {
     let mut mixed = Case::new(DType::BF16, 128, 3, &[1, 1, 37, 1, 200], 41);
     mixed.initial = vec![true, true, false, true, true];
     let together = mixed.fused(&ctx, None);
-    let mut states = mixed.states.as_ref().map(copy);
+    let mut states = mixed.states.clone();
     let mut start = 0;
     for b in 0..mixed.lens.len() {
         let len = mixed.lens[b];
@@ -387,8 +365,8 @@ fn mixed_decode_and_prefill_equals_separate_calls() {
                 one.bcx.set(&[i, c], mixed.bcx.get(&[start + i, c]));
             }
         }
-        one.weight = copy(&mixed.weight);
-        one.bias = mixed.bias.as_ref().map(copy);
+        one.weight = Tensor::clone(&mixed.weight);
+        one.bias = mixed.bias.clone();
         one.states = states;
         one.slots = vec![mixed.slots[b]];
         one.initial = vec![mixed.initial[b]];
@@ -413,7 +391,7 @@ fn rejects_bad_inputs_without_writing() {
     let ctx = Ctx::new(2);
     let case = Case::new(DType::BF16, 32, 3, &[4, 6], 9);
     let t = case.tokens();
-    let states = copy(case.states.as_ref().unwrap());
+    let states = Tensor::clone(case.states.as_ref().unwrap());
     let out = Tensor::zeros(DType::BF16, &[t, 32]);
     let (out_before, states_before) = (out.bytes(), states.bytes());
     let q = case.starts();

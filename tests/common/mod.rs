@@ -8,9 +8,26 @@ use std::ffi::CStr;
 
 use half::{bf16, f16};
 use ssmk::dtype::{DType, Element};
+use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
 use ssmk::tensor::{ssmk_device, ssmk_dtype, ssmk_tensor};
 
+/// An owned ssmk context, destroyed on drop.
+pub struct Ctx(pub *mut ssmk_context);
+
+impl Ctx {
+    pub fn new(threads: u32) -> Ctx {
+        Ctx(ssmk_context_create(threads))
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        unsafe { ssmk_context_destroy(self.0) }
+    }
+}
+
 /// A tensor owning its bytes and its shape/strides.
+#[derive(Clone)]
 pub struct Tensor {
     pub dtype: DType,
     pub shape: Vec<i64>,

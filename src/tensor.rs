@@ -48,6 +48,36 @@ pub struct ssmk_tensor {
     pub byte_offset: u64,
 }
 
+impl ssmk_tensor {
+    /// A CPU descriptor for Rust callers (tests, benchmarks, embedders): `shape` and `strides`
+    /// (elements; `None` = row-major) are borrowed by pointer, so they must outlive every use of
+    /// the descriptor.
+    pub fn cpu(
+        data: *mut c_void,
+        dtype: DType,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+    ) -> ssmk_tensor {
+        let (code, bits) = dtype.to_dlpack();
+        ssmk_tensor {
+            data,
+            device: ssmk_device {
+                device_type: 1,
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: ssmk_dtype {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: shape.as_ptr(),
+            strides: strides.map_or(std::ptr::null(), <[i64]>::as_ptr),
+            byte_offset: 0,
+        }
+    }
+}
+
 /// Most dimensions any ssmk argument has (the `[S, HV, K, V]` state has four).
 pub const MAX_NDIM: usize = 6;
 
@@ -400,29 +430,12 @@ pub(crate) mod testing {
         shape: &[i64],
         strides: Option<&[i64]>,
     ) -> Box<Owned> {
-        let (code, bits) = dtype.to_dlpack();
         let mut o = Box::new(Owned {
             shape: shape.to_vec(),
             strides: strides.map(|s| s.to_vec()),
-            tensor: ssmk_tensor {
-                data,
-                device: ssmk_device {
-                    device_type: 1,
-                    device_id: 0,
-                },
-                ndim: shape.len() as i32,
-                dtype: ssmk_dtype {
-                    code,
-                    bits,
-                    lanes: 1,
-                },
-                shape: std::ptr::null(),
-                strides: std::ptr::null(),
-                byte_offset: 0,
-            },
+            tensor: ssmk_tensor::cpu(data, dtype, &[], None),
         });
-        o.tensor.shape = o.shape.as_ptr();
-        o.tensor.strides = o.strides.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        o.tensor = ssmk_tensor::cpu(data, dtype, &o.shape, o.strides.as_deref());
         o
     }
 }

@@ -12,7 +12,7 @@ mod common;
 
 use std::ptr::{null, null_mut};
 
-use common::{Ctx, Rng, Tensor, assert_error};
+use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
 use ssmk::ffi::conv::*;
 use ssmk::ffi::status::*;
@@ -397,18 +397,8 @@ const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 #[test]
 fn fwd_matches_f64_reference() {
-    let lists: [&[usize]; 8] = [
-        &[1],
-        &[1, 2, 3],
-        &[63],
-        &[64],
-        &[65],
-        &[63, 64, 65],
-        &[127, 128, 129],
-        &[273],
-    ];
     let mut n = 0u64;
-    for (li, lens) in lists.iter().enumerate() {
+    for (li, lens) in SEQ_LEN_LISTS.iter().enumerate() {
         for (wi, &w) in [2usize, 3, 4, 8].iter().enumerate() {
             for (ai, &act) in DTYPES.iter().enumerate() {
                 // Rotate the remaining options so every combination of each pair shows up.

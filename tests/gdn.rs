@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{Rng, Tensor, assert_error};
+use common::{Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use half::bf16;
 use ssmk::dtype::{DType, Element};
 use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
@@ -594,16 +594,6 @@ fn run_and_verify(p: &Gdn, what: &str) {
     }
 }
 
-const SEQ_LENS: [&[usize]; 8] = [
-    &[1],
-    &[1, 2, 3],
-    &[63],
-    &[64],
-    &[65],
-    &[63, 64, 65],
-    &[127, 128, 129],
-    &[273],
-];
 const HEADS: [(usize, usize); 2] = [(2, 4), (4, 4)];
 const STATES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
@@ -612,7 +602,7 @@ const STATES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 fn matches_reference_small_head_dims() {
     let mut seed = 1;
     for dims in [(32, 32), (64, 32), (64, 64)] {
-        for lens in SEQ_LENS {
+        for lens in SEQ_LEN_LISTS {
             for heads in HEADS {
                 for state in STATES {
                     for l2norm in [true, false] {
@@ -635,7 +625,7 @@ fn matches_reference_small_head_dims() {
 #[test]
 fn matches_reference_head_dim_128() {
     let mut seed = 100;
-    for lens in SEQ_LENS {
+    for lens in SEQ_LEN_LISTS {
         for heads in HEADS {
             for state in STATES {
                 for l2norm in [true, false] {

@@ -8,7 +8,7 @@ mod common;
 
 use std::ptr::{null, null_mut};
 
-use common::{Ctx, Rng, Tensor, assert_error};
+use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
 use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
 use ssmk::ffi::short_conv::{short_conv_with_isa, ssmk_short_conv};
@@ -205,23 +205,12 @@ fn assert_same(
     }
 }
 
-const SEQ_LISTS: [&[usize]; 8] = [
-    &[1],
-    &[1, 2, 3],
-    &[63],
-    &[64],
-    &[65],
-    &[63, 64, 65],
-    &[127, 128, 129],
-    &[273],
-];
-
 #[test]
 fn equals_unfused_composition_bit_for_bit() {
     let ctx = Ctx::new(2);
     let mut seed = 1;
     for dtype in [DType::BF16, DType::F16, DType::F32] {
-        for (i, lens) in SEQ_LISTS.iter().enumerate() {
+        for (i, lens) in SEQ_LEN_LISTS.iter().enumerate() {
             let width = [2, 3, 4, 8][i % 4];
             seed += 1;
             let mut case = Case::new(dtype, 136, width, lens, seed);

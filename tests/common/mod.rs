@@ -9,7 +9,7 @@ use std::ffi::CStr;
 use half::{bf16, f16};
 use ssmk::dtype::{DType, Element};
 use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
-use ssmk::tensor::{ssmk_device, ssmk_dtype, ssmk_tensor};
+use ssmk::tensor::ssmk_tensor;
 
 /// An owned ssmk context, destroyed on drop.
 pub struct Ctx(pub *mut ssmk_context);
@@ -99,26 +99,12 @@ impl Tensor {
 
     /// The DLPack descriptor; valid while `self` lives and is not moved.
     pub fn desc(&self) -> ssmk_tensor {
-        let (code, bits) = self.dtype.to_dlpack();
-        ssmk_tensor {
-            data: self.base().cast(),
-            device: ssmk_device {
-                device_type: 1,
-                device_id: 0,
-            },
-            ndim: self.shape.len() as i32,
-            dtype: ssmk_dtype {
-                code,
-                bits,
-                lanes: 1,
-            },
-            shape: self.shape.as_ptr(),
-            strides: self
-                .strides
-                .as_ref()
-                .map_or(std::ptr::null(), |s| s.as_ptr()),
-            byte_offset: 0,
-        }
+        ssmk_tensor::cpu(
+            self.base().cast(),
+            self.dtype,
+            &self.shape,
+            self.strides.as_deref(),
+        )
     }
 
     /// Element as f64 (floats and ints).
@@ -202,6 +188,19 @@ impl Tensor {
         self.indices().iter().map(|i| self.get(i)).collect()
     }
 }
+
+/// The sequence-length lists every recurrent-kernel test covers: one token, a few, and lengths
+/// around one and two 64-token chunks / vector blocks, plus a long odd one.
+pub const SEQ_LEN_LISTS: [&[usize]; 8] = [
+    &[1],
+    &[1, 2, 3],
+    &[63],
+    &[64],
+    &[65],
+    &[63, 64, 65],
+    &[127, 128, 129],
+    &[273],
+];
 
 /// xorshift64*: deterministic data for reproducible tests.
 pub struct Rng(u64);

@@ -1,7 +1,7 @@
 //! Owned, pre-faulted buffers with DLPack descriptors, filled with deterministic data.
 
 use ssmk::dtype::{DType, Element};
-use ssmk::tensor::{ssmk_device, ssmk_dtype, ssmk_tensor};
+use ssmk::tensor::ssmk_tensor;
 
 /// A compact row-major tensor owning its storage (u64 words, so every dtype is aligned).
 pub struct Buf {
@@ -96,22 +96,6 @@ impl Buf {
 
     /// Descriptor; valid while `self` lives and is not moved.
     pub fn desc(&self) -> ssmk_tensor {
-        let (code, bits) = self.dtype.to_dlpack();
-        ssmk_tensor {
-            data: self.as_ptr().cast(),
-            device: ssmk_device {
-                device_type: 1,
-                device_id: 0,
-            },
-            ndim: self.shape.len() as i32,
-            dtype: ssmk_dtype {
-                code,
-                bits,
-                lanes: 1,
-            },
-            shape: self.shape.as_ptr(),
-            strides: std::ptr::null(),
-            byte_offset: 0,
-        }
+        ssmk_tensor::cpu(self.as_ptr().cast(), self.dtype, &self.shape, None)
     }
 }

@@ -81,17 +81,15 @@ fn fwd(
     let state_bytes = (width - 1) * dim * dtype.size();
     // x read, out written, weights, the states read (half) and written (all).
     let bytes = 2 * x.bytes() + weight.bytes() + bias.bytes() + (seqs / 2 + seqs) * state_bytes;
-    let template = Row {
-        op: "causal_conv1d_fwd".into(),
-        shape: format!("T={tokens} ({seqs}x{len}) D={dim} W={width}"),
-        dtype: short(dtype).into(),
-        threads: 1,
-        seconds: 0.0,
-        work: Work::Bytes(0.0),
-        baseline: None,
-        vs_reference: None,
-        note: "silu, bias, 2 of 4 with state".into(),
-    };
+    let template = Row::new(
+        "causal_conv1d_fwd",
+        format!("T={tokens} ({seqs}x{len}) D={dim} W={width}"),
+        short(dtype),
+        1,
+        0.0,
+        Work::Bytes(0.0),
+        "silu, bias, 2 of 4 with state".into(),
+    );
     measure(cfg, report, template, bytes, |isa, ctx| unsafe {
         causal_conv1d_fwd_with_isa(
             isa,
@@ -121,17 +119,15 @@ fn update(cfg: &Config, report: &mut Report, dtype: DType, batch: usize, dim: us
     let (xd, wd, bd, id) = (x.desc(), weight.desc(), bias.desc(), slots.desc());
     let (mut sd, mut od) = (states.desc(), out.desc());
     let bytes = 2 * x.bytes() + 2 * states.bytes() + weight.bytes() + bias.bytes();
-    let template = Row {
-        op: "causal_conv1d_update".into(),
-        shape: format!("B={batch} D={dim} W={width}"),
-        dtype: short(dtype).into(),
-        threads: 1,
-        seconds: 0.0,
-        work: Work::Bytes(0.0),
-        baseline: None,
-        vs_reference: None,
-        note: "silu, bias".into(),
-    };
+    let template = Row::new(
+        "causal_conv1d_update",
+        format!("B={batch} D={dim} W={width}"),
+        short(dtype),
+        1,
+        0.0,
+        Work::Bytes(0.0),
+        "silu, bias".into(),
+    );
     measure(cfg, report, template, bytes, |isa, ctx| unsafe {
         causal_conv1d_update_with_isa(
             isa,

@@ -129,20 +129,6 @@ fn prefill_flops(tokens: usize) -> f64 {
     2.0 * tokens as f64 * HV as f64 * (3.0 * k * v + 2.0 * c * k + 2.0 * c * v)
 }
 
-fn row(op: &str, shape: String, dtype: &str, seconds: f64, work: Work, note: String) -> Row {
-    Row {
-        op: op.into(),
-        shape,
-        dtype: dtype.into(),
-        threads: 1,
-        seconds,
-        work,
-        baseline: None,
-        vs_reference: None,
-        note,
-    }
-}
-
 fn prefill(cfg: &Config, report: &mut Report, lens: &[usize], dtype: DType) {
     let call = DeltaRule::new(lens, dtype, false);
     let tokens = call.tokens();
@@ -157,15 +143,15 @@ fn prefill(cfg: &Config, report: &mut Report, lens: &[usize], dtype: DType) {
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
         let t = time(cfg, || call.call(Isa::active(), &ctx));
-        let mut r = row(
+        let mut r = Row::new(
             "gated_delta_rule prefill",
             format!("{}x{} H=16 HV=32 K=V=128", lens.len(), lens[0]),
             name,
+            threads,
             t,
             Work::Flops(prefill_flops(tokens)),
             "l2norm; ref timed on 64 tokens, scaled".into(),
         );
-        r.threads = threads;
         r.vs_reference = Some(reference / t);
         let peak = report.fma_peak_gflops;
         report.push_against(r, "f32 FMA peak 1t", peak);
@@ -179,15 +165,15 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
         let t = time(cfg, || call.call(Isa::active(), &ctx));
-        let mut r = row(
+        let mut r = Row::new(
             "gated_delta_rule decode",
             format!("B={batch} H=16 HV=32 K=V=128"),
             "bf16 in/f32 state",
+            threads,
             t,
             Work::Bytes(state_bytes),
             "state bytes read + written".into(),
         );
-        r.threads = threads;
         r.vs_reference = Some(reference / t);
         let memcpy = report.memcpy_gbps;
         report.push_against(r, "memcpy", memcpy);
@@ -275,15 +261,15 @@ fn layer_steps(cfg: &Config, report: &mut Report) {
         for &threads in &cfg.threads {
             let ctx = Ctx::new(threads);
             let t = time(cfg, || step.run(Isa::active(), &ctx));
-            let mut r = row(
+            let mut r = Row::new(
                 "Qwen3-Next GDN layer step",
                 format!("{name} conv D={CONV_DIM}"),
                 "bf16/f32 state",
+                threads,
                 t,
                 Work::Flops(prefill_flops(tokens)),
                 format!("{:.0} tokens/s", tokens as f64 / t),
             );
-            r.threads = threads;
             r.vs_reference = Some(reference / t);
             report.push(r);
         }

@@ -167,6 +167,29 @@ pub struct Row {
 }
 
 impl Row {
+    /// A measured row, before any same-run baseline or reference ratio is attached.
+    pub fn new(
+        op: &str,
+        shape: String,
+        dtype: &str,
+        threads: u32,
+        seconds: f64,
+        work: Work,
+        note: String,
+    ) -> Row {
+        Row {
+            op: op.into(),
+            shape,
+            dtype: dtype.into(),
+            threads,
+            seconds,
+            work,
+            baseline: None,
+            vs_reference: None,
+            note,
+        }
+    }
+
     pub fn rate(&self) -> (f64, &'static str) {
         match self.work {
             Work::Bytes(b) => (b / self.seconds / 1e9, "GB/s"),

@@ -109,20 +109,6 @@ impl Step {
     }
 }
 
-fn row(op: &str, shape: String, threads: u32, seconds: f64, work: Work, note: String) -> Row {
-    Row {
-        op: op.into(),
-        shape,
-        dtype: "bf16".into(),
-        threads,
-        seconds,
-        work,
-        baseline: None,
-        vs_reference: None,
-        note,
-    }
-}
-
 /// The kernel alone: T = 4 x 512, D = 1024, W = 3.
 fn kernel(cfg: &Config, report: &mut Report) {
     let (dim, len) = (1024, cfg.pick(512, 128));
@@ -139,9 +125,10 @@ fn kernel(cfg: &Config, report: &mut Report) {
         let t = time(cfg, || step.call(Isa::active(), &ctx));
         let composed = time(cfg, || step.composed(&ctx, &bx, &y));
         let note = format!("{:.2}x faster than B*x, conv, C*y passes", composed / t);
-        let mut r = row(
+        let mut r = Row::new(
             "short_conv",
             format!("T={tokens} (4x{len}) D={dim} W=3"),
+            "bf16",
             threads,
             t,
             Work::Bytes(bytes as f64),
@@ -168,9 +155,10 @@ fn layer_steps(cfg: &Config, report: &mut Report) {
             let ctx = Ctx::new(threads);
             let t = time(cfg, || step.call(Isa::active(), &ctx));
             let note = format!("{:.0} tokens/s", tokens as f64 / t);
-            let mut r = row(
+            let mut r = Row::new(
                 "LFM2 layer step",
                 format!("{name} D={dim} W=3"),
+                "bf16",
                 threads,
                 t,
                 Work::Bytes((tokens * 4 * dim * 2) as f64),

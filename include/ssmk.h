@@ -116,28 +116,6 @@
 #define SSMK_DTYPE_CODE_BOOL 6
 
 /**
- * Widths the kernels support (ABI.md §4: W = 2..=8).
- */
-#define MIN_WIDTH 2
-
-#define MAX_WIDTH 8
-
-/**
- * Channels per task (a multiple of every vector width).
- */
-#define CHANNEL_BLOCK 256
-
-/**
- * Longest run of one sequence's tokens in a task.
- */
-#define PIECE_TOKENS 256
-
-/**
- * Work (tokens plus state rows) gathered into one token group before a new one starts.
- */
-#define GROUP_COST 512
-
-/**
  * Opaque execution context: a thread count and a private thread pool, built on first parallel
  * use. Create with `ssmk_context_create`, free with `ssmk_context_destroy`. A context may be used
  * by many host threads at once; destroying it while a call uses it is undefined behaviour.

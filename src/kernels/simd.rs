@@ -27,6 +27,8 @@ pub trait Simd: Copy + Send + Sync + 'static {
     unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
     /// `a * b + c`, fused (one rounding).
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a * b - c`, fused (one rounding).
+    unsafe fn fms(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// Sum of the lanes, in a fixed order (deterministic).
@@ -50,6 +52,12 @@ pub trait Simd: Copy + Send + Sync + 'static {
     unsafe fn pow2i(n: Self::V) -> Self::V;
     /// Round to nearest integer (ties to even), as f32.
     unsafe fn round(x: Self::V) -> Self::V;
+    /// Each lane's low 8 bits as a biased exponent (the bits shifted left by 23): for
+    /// `t = 1.5 * 2^23 + 127 + n` with integral `n` in -127..=128 that is `2^n`, with +0 and +inf
+    /// at the two ends. Lets `exp` scale by `2^n` with one shift.
+    unsafe fn exponent_from_low_bits(t: Self::V) -> Self::V;
+    /// Whether any lane is NaN.
+    unsafe fn any_nan(v: Self::V) -> bool;
 }
 
 /// Cephes-style expf: `x = n ln2 + r`, `|r| <= ln2/2`, degree-6 polynomial for `e^r`, times `2^n`.
@@ -166,6 +174,10 @@ mod x86 {
             unsafe { _mm256_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
+        unsafe fn fms(a: __m256, b: __m256, c: __m256) -> __m256 {
+            _mm256_fmsub_ps(a, b, c)
+        }
+        #[inline(always)]
         unsafe fn max(a: __m256, b: __m256) -> __m256 {
             _mm256_max_ps(a, b)
         }
@@ -201,15 +213,19 @@ mod x86 {
         unsafe fn store_bf16(p: *mut u16, v: __m256) {
             unsafe {
                 let b = _mm256_castps_si256(v);
+                // Round to nearest-even: add 0x7fff plus the lowest kept bit, keep the high half.
                 let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
-                let rounded = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-                let abs = _mm256_and_si256(b, _mm256_set1_epi32(0x7fff_ffff));
-                let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
-                let quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000));
-                let r = _mm256_srli_epi32::<16>(_mm256_blendv_epi8(rounded, quiet, nan));
-                let packed = _mm256_packus_epi32(r, r); // lanes 0-3 | 0-3 | 4-7 | 4-7 in 64-bit quads
-                let ordered = _mm256_permute4x64_epi64::<0b1000>(packed);
-                _mm_storeu_si128(p.cast(), _mm256_castsi256_si128(ordered));
+                let mut r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
+                if Self::any_nan(v) {
+                    // The carry would corrupt a NaN: keep its high half, quieted.
+                    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                    let quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000));
+                    r = _mm256_blendv_epi8(r, quiet, nan);
+                }
+                let r = _mm256_srli_epi32::<16>(r);
+                let packed =
+                    _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
+                _mm_storeu_si128(p.cast(), packed);
             }
         }
         #[inline(always)]
@@ -231,6 +247,14 @@ mod x86 {
         #[inline(always)]
         unsafe fn round(x: __m256) -> __m256 {
             _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
+        }
+        #[inline(always)]
+        unsafe fn exponent_from_low_bits(t: __m256) -> __m256 {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(t)))
+        }
+        #[inline(always)]
+        unsafe fn any_nan(v: __m256) -> bool {
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) != 0
         }
     }
 
@@ -265,6 +289,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
             _mm512_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn fms(a: __m512, b: __m512, c: __m512) -> __m512 {
+            _mm512_fmsub_ps(a, b, c)
         }
         #[inline(always)]
         unsafe fn max(a: __m512, b: __m512) -> __m512 {
@@ -302,8 +330,7 @@ mod x86 {
                 let b = _mm512_castps_si512(v);
                 let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
                 let rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-                let abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff));
-                let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
                 let quiet = _mm512_or_si512(b, _mm512_set1_epi32(0x0040_0000));
                 let r = _mm512_srli_epi32::<16>(_mm512_mask_blend_epi32(nan, rounded, quiet));
                 _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(r));
@@ -330,6 +357,14 @@ mod x86 {
         #[inline(always)]
         unsafe fn round(x: __m512) -> __m512 {
             _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
+        }
+        #[inline(always)]
+        unsafe fn exponent_from_low_bits(t: __m512) -> __m512 {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(t)))
+        }
+        #[inline(always)]
+        unsafe fn any_nan(v: __m512) -> bool {
+            _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v) != 0
         }
     }
 }

@@ -5,8 +5,9 @@
 //!
 //! Work is split into tasks of (token group, channel block). A token group is a run of pieces
 //! (a piece = up to `PIECE_TOKENS` tokens of one sequence, several short sequences per group); a
-//! block's history comes from the state for the first piece of a sequence and from `x` for later
-//! pieces. Only the task holding a sequence's first piece reads its state, and it writes the new
+//! channel block is as wide as possible (rows are read and written in long runs) but narrow enough
+//! that every thread gets work. A block's history comes from the state for the first piece of a
+//! sequence and from `x` for later pieces. Only the task holding a sequence's first piece reads its state, and it writes the new
 //! state after all of its outputs have read the old one, so tasks never race. Every output element
 //! is computed by exactly one task with a fixed order of operations: results are bitwise identical
 //! for any thread count and any batch composition.
@@ -21,15 +22,22 @@ use crate::dtype::DType;
 use crate::runtime::{Context, Isa};
 
 /// Widths the kernels support (ABI.md §4: W = 2..=8).
-pub const MIN_WIDTH: usize = 2;
-pub const MAX_WIDTH: usize = 8;
+pub(crate) const MIN_WIDTH: usize = 2;
+pub(crate) const MAX_WIDTH: usize = 8;
 
-/// Channels per task (a multiple of every vector width).
-pub const CHANNEL_BLOCK: usize = 256;
+/// Most channels per task: its widened taps (`4 * (W+1) * block` bytes) stay in L2.
+pub(crate) const MAX_CHANNEL_BLOCK: usize = 8192;
+/// Fewest channels per task when blocks are split for parallelism: rows of at least 1 KiB.
+pub(crate) const MIN_CHANNEL_BLOCK: usize = 512;
+/// Blocks other than the last are multiples of this (every vector width, a cache line of f32), so
+/// the channels that take the scalar tail path never depend on the split.
+pub(crate) const BLOCK_ALIGN: usize = 64;
+/// Tasks per thread the split aims for, so uneven tasks still balance.
+const TASKS_PER_THREAD: usize = 4;
 /// Longest run of one sequence's tokens in a task.
-pub const PIECE_TOKENS: usize = 256;
+pub(crate) const PIECE_TOKENS: usize = 256;
 /// Work (tokens plus state rows) gathered into one token group before a new one starts.
-pub const GROUP_COST: usize = 512;
+pub(crate) const GROUP_COST: usize = 512;
 
 /// A 2-D strided array of floats: element `(i, j)` at `ptr + (i * s0 + j * s1) * size`.
 #[derive(Clone, Copy, Debug)]
@@ -173,16 +181,20 @@ pub struct Piece {
     pub t1: usize,
 }
 
-/// The task split: token groups (ranges of `pieces`) times channel blocks.
+/// The task split: token groups (ranges of `pieces`) times channel blocks of `block` channels (the
+/// last may be narrower).
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub pieces: Vec<Piece>,
     pub groups: Vec<std::ops::Range<usize>>,
+    pub block: usize,
     pub channel_blocks: usize,
 }
 
 impl Plan {
-    pub fn new(p: &Problem) -> Plan {
+    /// The split for `threads` threads. Results do not depend on it: every output element is
+    /// computed the same way whichever task holds it.
+    pub fn new(p: &Problem, threads: usize) -> Plan {
         let mut pieces = Vec::new();
         for (b, s) in p.seqs.iter().enumerate() {
             // A zero-length sequence still gets a piece: its state may change.
@@ -217,10 +229,21 @@ impl Plan {
         if start < pieces.len() {
             groups.push(start..pieces.len());
         }
+        let mut blocks = p.channels.div_ceil(MAX_CHANNEL_BLOCK);
+        if threads > 1 {
+            let wanted = (TASKS_PER_THREAD * threads).div_ceil(groups.len().max(1));
+            blocks = blocks.max(wanted.min(p.channels / MIN_CHANNEL_BLOCK));
+        }
+        let block = p
+            .channels
+            .div_ceil(blocks.max(1))
+            .next_multiple_of(BLOCK_ALIGN)
+            .max(1);
         Plan {
             pieces,
             groups,
-            channel_blocks: p.channels.div_ceil(CHANNEL_BLOCK),
+            block,
+            channel_blocks: p.channels.div_ceil(block).max(1),
         }
     }
 
@@ -290,7 +313,7 @@ fn run_tasks(ctx: &Context, p: &Problem, task: TaskFn) {
         // Strided channels: the portable path is correct for any layout.
         return run_reference(ctx, p);
     }
-    let plan = Plan::new(p);
+    let plan = Plan::new(p, ctx.threads());
     // SAFETY: the entry's ISA is at most the detected one (conv_fn clamps); tasks touch disjoint
     // outputs and slots (see the module docs).
     ctx.for_each(plan.tasks(), |i| unsafe { task(p, &plan, i) });
@@ -339,8 +362,15 @@ mod tests {
     #[test]
     fn plan_covers_every_token_once() {
         let lens = [0, 1, 600, 3, 0, 256, 257, 1];
-        let plan = Plan::new(&problem(&lens, true));
-        assert_eq!(plan.channel_blocks, 4);
+        let plan = Plan::new(&problem(&lens, true), 1);
+        assert_eq!((plan.channel_blocks, plan.block), (1, 1024));
+        // Few token groups: channels are split so two threads get four tasks each.
+        let mut wide = problem(&[5], true);
+        wide.channels = 4100;
+        let split = Plan::new(&wide, 2);
+        assert_eq!((split.channel_blocks, split.block), (8, 576));
+        let one = Plan::new(&wide, 1);
+        assert_eq!((one.channel_blocks, one.block), (1, 4160));
         let mut covered = vec![0usize; lens.len()];
         let mut expect_next = vec![0usize; lens.len()];
         let mut count_pieces = vec![0usize; lens.len()];

@@ -1,28 +1,34 @@
-//! Vector kernels: channels in SIMD lanes, tokens in row order. One generic body over [`Simd`],
-//! instantiated per ISA by the `#[target_feature]` entry points at the bottom.
+//! Vector kernels: channels in SIMD lanes, tokens in tiles of rows. One generic body over
+//! [`Simd`], instantiated per ISA by the `#[target_feature]` entry points at the bottom.
 //!
-//! A task (token group × channel block) first widens its block of weights and bias to f32 once,
-//! then walks each piece token by token, all channel vectors of a row before the next row. The
-//! window of a token is re-read from the `W` rows of `x` ending at it (the older ones are still in
-//! L1), so memory is read row after row: a vertical walk down one channel vector would touch one
-//! line per row, rows `D` elements apart, which all fall into the same cache sets when `D` is a
-//! power of two. Tokens of a sequence's first `W-1` positions take their older inputs from the
-//! state (or zeros). Channels past the last full vector take a scalar path with the same operation
-//! order. Only after all of a piece's outputs are stored does the task holding a sequence's first
-//! piece write its new state.
+//! A task (token group × channel block) widens its block of weights and bias to f32 once, then
+//! walks each piece in tiles of `TILE_ROWS` consecutive tokens. For each channel vector of a tile
+//! it loads the `W-1+TILE_ROWS` inputs of the tile's windows once into registers and computes all
+//! the tile's outputs from them, so an input is converted once per tile rather than once per tap,
+//! and silu runs on `TILE_ROWS` independent vectors at a time (its dependency chain is long).
+//! Rows are walked across the whole block before the next tile: blocks are thousands of channels
+//! wide, so memory is read and written in long runs, which matters on machines where each new page
+//! is expensive (a column walk touches one line per page). A window row before the sequence start
+//! comes from the state (or is zero), the rest from `x`; the state is written only after all of a
+//! piece's outputs are stored, by the task holding the sequence's first piece. Channels past the
+//! last full vector take a scalar path with the same order of multiply-adds.
 
 use half::{bf16, f16};
 
 use super::reference::output as scalar_output;
-use super::{CHANNEL_BLOCK, Piece, Plan, Problem, Seq, StateUpdate};
+use super::{MAX_WIDTH, Piece, Plan, Problem, Seq, StateUpdate};
 use crate::dtype::DType;
 use crate::kernels::simd::{Avx2, Avx512, Simd, SimdElement};
 
 /// Widest vector supported (AVX-512, f32 lanes).
 const MAX_LANES: usize = 16;
-/// Rows ahead that the row loop prefetches. Rows are `D` elements apart, so each row's block of
-/// channels sits in another page where the hardware prefetchers would start cold.
-const PREFETCH_ROWS: usize = 4;
+/// Tokens per tile: their windows share `W-1` inputs, and four silu chains keep the FMA units busy
+/// while the window and accumulators still fit in sixteen registers.
+const TILE_ROWS: usize = 4;
+/// Lines ahead in each input row that a tile prefetches.
+const PREFETCH_LINES: usize = 8;
+/// Most window rows of a tile.
+const MAX_WINDOW: usize = MAX_WIDTH - 1 + TILE_ROWS;
 
 /// How the conv reads its input rows and stores its output rows: plain `x`/`out` here; a fused
 /// caller (e.g. LFM2's `C * conv(B * x)`) supplies another implementation to transform the input
@@ -62,11 +68,11 @@ impl RowIo for Plain {
     const RAW_INPUT: bool = true;
     #[inline(always)]
     unsafe fn load<S: Simd, A: SimdElement>(&self, row: *const A, c: usize) -> S::V {
-        unsafe { A::load::<S>(row.add(c)) }
+        unsafe { A::load::<S>(row.wrapping_add(c)) }
     }
     #[inline(always)]
     unsafe fn load1<A: SimdElement>(&self, row: *const A, c: usize) -> f32 {
-        unsafe { row.add(c).read().to_f32() }
+        unsafe { row.wrapping_add(c).read().to_f32() }
     }
     #[inline(always)]
     unsafe fn store<S: Simd, A: SimdElement>(
@@ -136,6 +142,11 @@ impl RowIo for Gated {
                 .write(A::from_f32(gate * A::from_f32(v).to_f32()))
         }
     }
+    #[inline(always)]
+    unsafe fn prefetch<A: SimdElement>(&self, row: *const A, c: usize) {
+        prefetch(row.wrapping_add(c));
+        prefetch(row.wrapping_add(c).wrapping_sub(self.b_back));
+    }
 }
 
 /// The row transform of a problem: plain, or ShortConv's gates.
@@ -147,41 +158,65 @@ fn gated(p: &Problem) -> Gated {
     }
 }
 
-/// `x / (1 + e^-x)` with `e^-x` from a Taylor polynomial of `degree` around the nearest multiple
-/// of ln 2 (`|r| <= ln2/2`, truncation error `(ln2/2)^(degree+1) / (degree+1)!`). The output dtype
-/// picks the degree: its rounding dominates anyway, and silu is most of the kernel's arithmetic.
+/// Coefficients of minimax polynomials for `2^f` on `[-1/2, 1/2]`, constant term first; relative
+/// error 2.6e-6 (degree 4) and 1.6e-8 (degree 6).
+const EXP2_DEGREE4: [f32; 5] = [
+    0.999_999_3,
+    0.693_121_85,
+    0.240_247_44,
+    0.055_917_807,
+    0.009_570_069,
+];
+const EXP2_DEGREE6: [f32; 7] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_46,
+    0.055_503_286,
+    0.009_618_489,
+    0.001_339_993,
+    1.534_579_2e-4,
+];
+
+/// `x / (1 + e^-x)` for `R` independent vectors, each step applied to all of them before the next
+/// so the long dependency chain of one vector overlaps the others'.
+///
+/// `e^-x = 2^(n + f)` with `n = round(-x log2 e)` (by the 1.5·2^23 rounding trick, which also leaves
+/// the biased exponent `n + 127` in the low bits) and `f` in `[-1/2, 1/2]`. The polynomial's error
+/// reaches silu's result scaled by `e^-x / (1 + e^-x)`: at most 7e-7 in absolute terms for a
+/// 16-bit output (degree 4; a rounding to bf16 or f16 can flip only within that of a midpoint),
+/// and about 3e-8 relative for f32 (degree 6). `x` is clamped so `2^n` runs from 2^-126 (x large:
+/// silu(x) = x) to +inf (x below -88.7: silu(x) = -0, as with libm's `expf`).
 #[inline(always)]
-unsafe fn silu<S: Simd, A: SimdElement>(x: S::V) -> S::V {
-    const TAYLOR: [f32; 7] = [
-        1.0,
-        1.0,
-        1.0 / 2.0,
-        1.0 / 6.0,
-        1.0 / 24.0,
-        1.0 / 120.0,
-        1.0 / 720.0,
-    ];
-    let degree = match A::DTYPE {
-        DType::BF16 => 4, // error 4e-5 against a half-unit of 2e-3
-        DType::F16 => 5,  // 2.4e-6 against 2.4e-4
-        _ => 6,           // 1.2e-7
-    };
+unsafe fn silu_rows<S: Simd, A: SimdElement, const R: usize>(acc: &mut [S::V; R]) {
     unsafe {
-        // e^y, y = -x clamped so 2^n stays a finite normal number (n in -126..=127).
-        let y = S::min(
-            S::max(S::sub(S::zero(), x), S::splat(-87.3)),
-            S::splat(88.3),
-        );
-        let n = S::round(S::mul(y, S::splat(std::f32::consts::LOG2_E)));
-        // Cody–Waite: ln 2 = 0.693359375 - 2.12194440e-4, the first part exact in few bits.
-        let r = S::fma(n, S::splat(-0.693_359_4), y);
-        let r = S::fma(n, S::splat(2.121_944_4e-4), r);
-        let mut poly = S::splat(TAYLOR[degree]);
-        for &c in TAYLOR[..degree].iter().rev() {
-            poly = S::fma(poly, r, S::splat(c));
+        let poly: &[f32] = match A::DTYPE {
+            DType::F32 => &EXP2_DEGREE6,
+            _ => &EXP2_DEGREE4,
+        };
+        let magic = S::splat(1.5 * 8_388_608.0 + 127.0);
+        let neg_log2e = S::splat(-std::f32::consts::LOG2_E);
+        let mut t = [S::zero(); R];
+        let mut f = [S::zero(); R];
+        for r in 0..R {
+            let x = S::min(S::max(acc[r], S::splat(-88.75)), S::splat(87.0));
+            t[r] = S::fma(x, neg_log2e, magic);
+            let n = S::sub(t[r], magic);
+            f[r] = S::fms(x, neg_log2e, n);
+            if A::DTYPE == DType::F32 {
+                // -log2(e) = -1.4426950 - 1.9259630e-8: the low part keeps f exact enough for f32.
+                f[r] = S::fma(x, S::splat(-1.925_963e-8), f[r]);
+            }
         }
-        let e = S::mul(poly, S::pow2i(n));
-        S::div(x, S::add(S::splat(1.0), e))
+        let mut p = [S::splat(poly[poly.len() - 1]); R];
+        for &c in poly[..poly.len() - 1].iter().rev() {
+            for r in 0..R {
+                p[r] = S::fma(p[r], f[r], S::splat(c));
+            }
+        }
+        for r in 0..R {
+            let e = S::mul(p[r], S::exponent_from_low_bits(t[r]));
+            acc[r] = S::div(acc[r], S::add(S::splat(1.0), e));
+        }
     }
 }
 
@@ -215,37 +250,188 @@ unsafe fn store_lanes<S: Simd, E: SimdElement>(p: *mut E, stride: usize, v: S::V
     }
 }
 
-/// One task: token group `i / channel_blocks`, channel block `i % channel_blocks`.
+/// The input rows of a tile's windows, row `k` holding relative time `t - (W-1) + k`.
+trait Window: Copy {
+    /// Lanes of channels `c..c+LANES` of row `k`.
+    unsafe fn load<S: Simd, A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V;
+    /// Channel `c` of row `k`.
+    unsafe fn load1<A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32;
+}
+
+/// Rows all read through the [`RowIo`], channel `c` at `row + c`: token rows, and history rows of
+/// the state (or of zeros) when those hold the same values the [`RowIo`] returns.
+#[derive(Clone, Copy)]
+struct Rows<A>([*const A; MAX_WINDOW]);
+
+impl<A: SimdElement> Window for Rows<A> {
+    #[inline(always)]
+    unsafe fn load<S: Simd, B: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V {
+        unsafe { io.load::<S, B>(self.0[k].cast::<B>(), c) }
+    }
+    #[inline(always)]
+    unsafe fn load1<B: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32 {
+        unsafe { io.load1::<B>(self.0[k].cast::<B>(), c) }
+    }
+}
+
+/// Where one input row of a window comes from, in general.
+#[derive(Clone, Copy)]
+enum Source<St> {
+    /// A token row of the sequence (read through the [`RowIo`]).
+    Input(*const u8),
+    /// A history row of the state slot (channel `c` at `c * state_ch`): already the conv input.
+    State(*const St),
+    /// History of a sequence without initial state.
+    Zero,
+}
+
+/// Rows from anywhere: history rows of another dtype, a strided pool, or a gated input.
+#[derive(Clone, Copy)]
+struct Sources<St> {
+    rows: [Source<St>; MAX_WINDOW],
+    state_ch: usize,
+}
+
+impl<St: SimdElement> Window for Sources<St> {
+    #[inline(always)]
+    unsafe fn load<S: Simd, A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V {
+        unsafe {
+            match self.rows[k] {
+                Source::Input(row) => io.load::<S, A>(row.cast::<A>(), c),
+                Source::State(row) => {
+                    load_lanes::<S, St>(row.add(c * self.state_ch), self.state_ch)
+                }
+                Source::Zero => S::zero(),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn load1<A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32 {
+        unsafe {
+            match self.rows[k] {
+                Source::Input(row) => io.load1::<A>(row.cast::<A>(), c),
+                Source::State(row) => row.add(c * self.state_ch).read().to_f32(),
+                Source::Zero => 0.0,
+            }
+        }
+    }
+}
+
+/// The input row at time `rel` of a sequence (negative: history).
 #[inline(always)]
-pub unsafe fn task<S: Simd, Io: RowIo>(p: &Problem, plan: &Plan, i: usize, io: &Io) {
-    const { assert!(S::LANES <= MAX_LANES && CHANNEL_BLOCK.is_multiple_of(S::LANES)) };
+fn source<A, St>(p: &Problem, s: &Seq, rel: isize) -> Source<St> {
+    if rel >= 0 {
+        return Source::Input(s.x.cast::<A>().wrapping_add(rel as usize * p.x_tok).cast());
+    }
+    match (s.state, s.read_state) {
+        (Some(st), true) => {
+            let row = (first_history_row(s) + p.width - 1).wrapping_add_signed(rel);
+            Source::State(st.cast::<St>().wrapping_add(row * p.state_row))
+        }
+        _ => Source::Zero,
+    }
+}
+
+/// One block kernel: a dtype pair, a width and an ISA, compiled as its own function. (Inlined
+/// into one function per ISA, the 35 combinations took LLVM many minutes to optimize.)
+type BlockFn<Io> = unsafe fn(&Problem, &[Piece], usize, usize, &Io);
+
+/// Runs task `i` of a plan with `block`: token group `i / channel_blocks`, channel block
+/// `i % channel_blocks`.
+#[inline(always)]
+unsafe fn run_task<Io: RowIo>(p: &Problem, plan: &Plan, i: usize, io: &Io, block: BlockFn<Io>) {
     let (g, cb) = (i / plan.channel_blocks, i % plan.channel_blocks);
     let pieces = &plan.pieces[plan.groups[g].clone()];
-    let c0 = cb * CHANNEL_BLOCK;
-    let cn = CHANNEL_BLOCK.min(p.channels - c0);
-    macro_rules! go {
-        ($A:ty, $St:ty) => {
-            match p.width {
-                2 => block::<S, $A, $St, Io, 2>(p, pieces, c0, cn, io),
-                3 => block::<S, $A, $St, Io, 3>(p, pieces, c0, cn, io),
-                4 => block::<S, $A, $St, Io, 4>(p, pieces, c0, cn, io),
-                5 => block::<S, $A, $St, Io, 5>(p, pieces, c0, cn, io),
-                6 => block::<S, $A, $St, Io, 6>(p, pieces, c0, cn, io),
-                7 => block::<S, $A, $St, Io, 7>(p, pieces, c0, cn, io),
-                8 => block::<S, $A, $St, Io, 8>(p, pieces, c0, cn, io),
-                w => unreachable!("validated width {w}"),
-            }
-        };
-    }
-    unsafe {
-        match (p.act, p.state_dtype) {
-            (DType::F32, _) => go!(f32, f32),
-            (DType::BF16, DType::F32) => go!(bf16, f32),
-            (DType::BF16, _) => go!(bf16, bf16),
-            (DType::F16, DType::F32) => go!(f16, f32),
-            (DType::F16, _) => go!(f16, f16),
+    let c0 = cb * plan.block;
+    let cn = plan.block.min(p.channels - c0);
+    unsafe { block(p, pieces, c0, cn, io) }
+}
+
+/// `$f::<A, St, $Io, W>` for width `$w`.
+macro_rules! by_width {
+    ($f:ident, $A:ty, $St:ty, $Io:ty, $w:expr) => {
+        match $w {
+            2 => $f::<$A, $St, $Io, 2> as BlockFn<$Io>,
+            3 => $f::<$A, $St, $Io, 3>,
+            4 => $f::<$A, $St, $Io, 4>,
+            5 => $f::<$A, $St, $Io, 5>,
+            6 => $f::<$A, $St, $Io, 6>,
+            7 => $f::<$A, $St, $Io, 7>,
+            8 => $f::<$A, $St, $Io, 8>,
+            w => unreachable!("validated width {w}"),
+        }
+    };
+}
+
+/// The block kernel `$f` for problem `$p`'s dtypes and width.
+macro_rules! block_for {
+    ($f:ident, $Io:ty, $p:expr) => {
+        match ($p.act, $p.state_dtype) {
+            (DType::F32, _) => by_width!($f, f32, f32, $Io, $p.width),
+            (DType::BF16, DType::F32) => by_width!($f, bf16, f32, $Io, $p.width),
+            (DType::BF16, _) => by_width!($f, bf16, bf16, $Io, $p.width),
+            (DType::F16, DType::F32) => by_width!($f, f16, f32, $Io, $p.width),
+            (DType::F16, _) => by_width!($f, f16, f16, $Io, $p.width),
             (a, s) => unreachable!("validated dtypes {a:?}/{s:?}"),
         }
+    };
+}
+
+/// [`block`] on one ISA: the `#[target_feature]` function each (dtypes, width) is compiled into.
+macro_rules! isa_block {
+    ($name:ident, $S:ty, $features:literal) => {
+        /// # Safety
+        /// The CPU supports the ISA; as for [`block`].
+        #[target_feature(enable = $features)]
+        unsafe fn $name<A: SimdElement, St: SimdElement, Io: RowIo, const W: usize>(
+            p: &Problem,
+            pieces: &[Piece],
+            c0: usize,
+            cn: usize,
+            io: &Io,
+        ) {
+            const { assert!(<$S as Simd>::LANES <= MAX_LANES) };
+            unsafe { block::<$S, A, St, Io, W>(p, pieces, c0, cn, io) }
+        }
+    };
+}
+
+isa_block!(block_avx2, Avx2, "avx2,fma,f16c");
+isa_block!(
+    block_avx512,
+    Avx512,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+);
+
+/// A channel block's taps and bias widened to f32: tap `k` of block channel `j` at `k * cn + j`,
+/// the bias at `W * cn + j`.
+struct Taps {
+    values: Vec<f32>,
+    cn: usize,
+    /// `cn` zero elements of any dtype: the history of a sequence without initial state.
+    zeros: Vec<f32>,
+}
+
+impl Taps {
+    fn new<const W: usize>(p: &Problem, c0: usize, cn: usize) -> Taps {
+        let mut values = vec![0f32; (W + 1) * cn];
+        for j in 0..cn {
+            for k in 0..W {
+                values[k * cn + j] = unsafe { p.weight.get(c0 + j, k) };
+            }
+            values[W * cn + j] = p.bias.map_or(0.0, |m| unsafe { m.get(c0 + j, 0) });
+        }
+        Taps {
+            values,
+            cn,
+            zeros: vec![0.0; cn],
+        }
+    }
+
+    /// Pointer to tap `k` (`k == W`: the bias) of block channel 0.
+    #[inline(always)]
+    fn row(&self, k: usize) -> *const f32 {
+        self.values[k * self.cn..].as_ptr()
     }
 }
 
@@ -258,126 +444,20 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
     cn: usize,
     io: &Io,
 ) {
-    // Weights as [tap][channel] f32 and the bias, widened once per task.
-    let mut weight = [[0f32; CHANNEL_BLOCK]; W];
-    let mut bias = [0f32; CHANNEL_BLOCK];
-    for j in 0..cn {
-        for (k, row) in weight.iter_mut().enumerate() {
-            row[j] = unsafe { p.weight.get(c0 + j, k) };
-        }
-        bias[j] = p.bias.map_or(0.0, |m| unsafe { m.get(c0 + j, 0) });
-    }
-    let vec_end = cn / S::LANES * S::LANES;
-    for (i, pc) in pieces.iter().enumerate() {
+    let taps = Taps::new::<W>(p, c0, cn);
+    for pc in pieces {
         let s = &p.seqs[pc.seq];
-        // The next sequence start in this group, whose first rows the passes prefetch.
-        let next_seq = pieces
-            .get(i + 1)
-            .filter(|n| n.t0 == 0)
-            .map(|n| &p.seqs[n.seq])
-            .filter(|n| !n.pad && n.len > 0);
-        let (x, out) = (s.x.cast::<A>(), s.out.cast::<A>());
         if s.pad {
-            unsafe { zero_rows::<S, A>(p, out, pc.t0..pc.t1, c0, cn) };
+            unsafe { zero_rows::<S, A>(p, s.out.cast::<A>(), pc.t0..pc.t1, c0, cn) };
             continue;
         }
-        let line = 64 / size_of::<A>();
-        // Tokens whose window reaches into the history exist only at a sequence start.
-        let fast_from = pc.t0.max(W - 1).min(pc.t1);
-        for t in pc.t0..fast_from {
-            let (xrow, orow) = unsafe { (x.add(t * p.x_tok), out.add(t * p.out_tok)) };
-            let rel = |k: usize| t as isize + k as isize - (W as isize - 1);
-            for v in (0..vec_end).step_by(S::LANES) {
-                let c = c0 + v;
-                unsafe {
-                    if let (0, Some(next)) = (v % line, next_seq) {
-                        prefetch_start::<A, St, Io>(p, next, c, io);
-                    }
-                    let mut acc = S::load_f32(bias.as_ptr().add(v));
-                    for (k, wk) in weight.iter().enumerate() {
-                        let xin = input::<S, A, St, Io>(p, s, rel(k), c, io);
-                        acc = S::fma(S::load_f32(wk.as_ptr().add(v)), xin, acc);
-                    }
-                    if p.silu {
-                        acc = silu::<S, A>(acc);
-                    }
-                    io.store::<S, A>(orow, xrow, c, acc);
-                }
-            }
-            for j in vec_end..cn {
-                let c = c0 + j;
-                let taps: [f32; W] = std::array::from_fn(|k| weight[k][j]);
-                let win: [f32; W] =
-                    std::array::from_fn(|k| unsafe { input1::<A, St, Io>(p, s, rel(k), c, io) });
-                unsafe {
-                    io.store1::<A>(orow, xrow, c, scalar_output(&taps, &win, bias[j], p.silu))
-                };
-            }
+        let mut t = pc.t0;
+        while t + TILE_ROWS <= pc.t1 {
+            unsafe { tile::<S, A, St, Io, W, TILE_ROWS>(p, s, t, c0, cn, &taps, io) };
+            t += TILE_ROWS;
         }
-        for t in fast_from..pc.t1 {
-            // Rows t-W+1 ..= t: all this sequence's own tokens; the older ones are still in L1.
-            let rows: [*const A; W] =
-                std::array::from_fn(|k| unsafe { x.add((t + k + 1 - W) * p.x_tok) });
-            let orow = unsafe { out.add(t * p.out_tok) };
-            let ahead = t + PREFETCH_ROWS;
-            // Only dereferenced (as a prefetch hint) while `ahead` is inside the piece.
-            let (pf_x, pf_out) = (
-                x.wrapping_add(ahead * p.x_tok),
-                out.wrapping_add(ahead * p.out_tok),
-            );
-            let prefetch_on = ahead < pc.t1;
-            let mut v = 0;
-            // Two vectors per step while they fit: silu's constants and the loop are shared.
-            while v + 2 * S::LANES <= vec_end {
-                unsafe {
-                    row_vectors::<S, A, Io, W, 2>(
-                        io,
-                        &rows,
-                        orow,
-                        &weight,
-                        &bias,
-                        v,
-                        c0,
-                        line,
-                        p.silu,
-                        prefetch_on,
-                        pf_x,
-                        pf_out,
-                    )
-                };
-                v += 2 * S::LANES;
-            }
-            if v < vec_end {
-                unsafe {
-                    row_vectors::<S, A, Io, W, 1>(
-                        io,
-                        &rows,
-                        orow,
-                        &weight,
-                        &bias,
-                        v,
-                        c0,
-                        line,
-                        p.silu,
-                        prefetch_on,
-                        pf_x,
-                        pf_out,
-                    )
-                };
-            }
-            for j in vec_end..cn {
-                let c = c0 + j;
-                let taps: [f32; W] = std::array::from_fn(|k| weight[k][j]);
-                let win: [f32; W] = std::array::from_fn(|k| unsafe { io.load1::<A>(rows[k], c) });
-                unsafe {
-                    io.store1::<A>(
-                        orow,
-                        rows[W - 1],
-                        c,
-                        scalar_output(&taps, &win, bias[j], p.silu),
-                    )
-                };
-            }
+        for t in t..pc.t1 {
+            unsafe { tile::<S, A, St, Io, W, 1>(p, s, t, c0, cn, &taps, io) };
         }
         if let (0, Some(state)) = (pc.t0, s.state) {
             unsafe { write_state::<S, A, St, Io>(p, s, state.cast::<St>(), c0, cn, io) };
@@ -385,73 +465,131 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
     }
 }
 
-/// Outputs of one row for `N` consecutive channel vectors starting at block offset `v`, from the
-/// `W` input rows ending at this token; prefetches the row `PREFETCH_ROWS` ahead at line starts.
+/// Outputs of tokens `t..t+R` of sequence `s`, channels `c0..c0+cn`: through plain row pointers
+/// when every window row can be read as a row of x, else through [`Sources`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn row_vectors<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const N: usize>(
-    io: &Io,
-    rows: &[*const A; W],
-    orow: *mut A,
-    weight: &[[f32; CHANNEL_BLOCK]; W],
-    bias: &[f32; CHANNEL_BLOCK],
-    v: usize,
+unsafe fn tile<
+    S: Simd,
+    A: SimdElement,
+    St: SimdElement,
+    Io: RowIo,
+    const W: usize,
+    const R: usize,
+>(
+    p: &Problem,
+    s: &Seq,
+    t: usize,
     c0: usize,
-    line: usize,
-    use_silu: bool,
-    prefetch_on: bool,
-    pf_x: *const A,
-    pf_out: *mut A,
+    cn: usize,
+    taps: &Taps,
+    io: &Io,
 ) {
+    let window = W - 1 + R;
+    let mut sources = Sources {
+        rows: [Source::<St>::Zero; MAX_WINDOW],
+        state_ch: p.state_ch,
+    };
+    for (k, sk) in sources.rows.iter_mut().enumerate().take(window) {
+        *sk = source::<A, St>(p, s, t as isize + k as isize - (W as isize - 1));
+    }
+    // History rows read as x rows when they hold x's bits in x's layout.
+    let raw_history = Io::RAW_INPUT && A::DTYPE == St::DTYPE && p.state_ch == 1;
+    let mut rows = Rows([std::ptr::null::<A>(); MAX_WINDOW]);
+    let mut plain = true;
+    for (row, src) in rows.0.iter_mut().zip(&sources.rows).take(window) {
+        *row = match *src {
+            Source::Input(r) => r.cast(),
+            Source::State(r) if raw_history => r.cast(),
+            Source::Zero if raw_history => taps.zeros.as_ptr().cast::<A>().wrapping_sub(c0),
+            _ => {
+                plain = false;
+                break;
+            }
+        };
+    }
     unsafe {
-        for u in 0..N {
-            let vu = v + u * S::LANES;
-            if prefetch_on && vu.is_multiple_of(line) {
-                io.prefetch::<A>(pf_x, c0 + vu);
-                prefetch(pf_out.wrapping_add(c0 + vu));
+        if plain {
+            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &rows)
+        } else {
+            // Only a sequence's first tiles (or gated or converted history) get here: one row at a
+            // time keeps the code small.
+            for r in 0..R {
+                let mut one = sources;
+                one.rows.copy_within(r..r + W, 0);
+                tile_rows::<S, A, Io, _, W, 1>(p, s, t + r, c0, cn, taps, io, &one);
             }
-        }
-        let mut acc: [S::V; N] =
-            std::array::from_fn(|u| S::load_f32(bias.as_ptr().add(v + u * S::LANES)));
-        for k in 0..W {
-            for (u, a) in acc.iter_mut().enumerate() {
-                let vu = v + u * S::LANES;
-                *a = S::fma(
-                    S::load_f32(weight[k].as_ptr().add(vu)),
-                    io.load::<S, A>(rows[k], c0 + vu),
-                    *a,
-                );
-            }
-        }
-        if use_silu {
-            for a in acc.iter_mut() {
-                *a = silu::<S, A>(*a);
-            }
-        }
-        for (u, a) in acc.iter().enumerate() {
-            io.store::<S, A>(orow, rows[W - 1], c0 + v + u * S::LANES, *a);
         }
     }
 }
 
-/// Prefetches, at channel `c`, the rows a sequence's first pass reads and writes first: its
-/// first input and output rows and its history rows in the state.
+/// [`tile`] with its window rows.
 #[inline(always)]
-unsafe fn prefetch_start<A: SimdElement, St: SimdElement, Io: RowIo>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_rows<
+    S: Simd,
+    A: SimdElement,
+    Io: RowIo,
+    Win: Window,
+    const W: usize,
+    const R: usize,
+>(
     p: &Problem,
     s: &Seq,
-    c: usize,
+    t: usize,
+    c0: usize,
+    cn: usize,
+    taps: &Taps,
     io: &Io,
+    win: &Win,
 ) {
-    unsafe { io.prefetch::<A>(s.x.cast::<A>(), c) };
-    prefetch(s.out.cast::<A>().wrapping_add(c));
-    if let (Some(st), true) = (s.state, s.read_state) {
-        let first = first_history_row(s);
-        for j in 0..p.width - 1 {
-            prefetch(
-                st.cast::<St>()
-                    .wrapping_add((first + j) * p.state_row + c * p.state_ch),
-            );
+    let window = W - 1 + R;
+    let x = s.x.cast::<A>();
+    let out = s.out.cast::<A>();
+    let orows: [*mut A; R] = std::array::from_fn(|r| out.wrapping_add((t + r) * p.out_tok));
+    let xrows: [*const A; R] = std::array::from_fn(|r| x.wrapping_add((t + r) * p.x_tok));
+    let line = 64 / size_of::<A>();
+    let vec_end = cn / S::LANES * S::LANES;
+    let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(W)));
+    let mut v = 0;
+    while v < vec_end {
+        let c = c0 + v;
+        unsafe {
+            if c.is_multiple_of(line) {
+                // A few lines ahead in the tile's own rows: several streams at once are more than
+                // the hardware prefetchers follow. (Past the row's end this is only a hint.)
+                for xr in xrows {
+                    io.prefetch::<A>(xr, c + PREFETCH_LINES * line);
+                }
+            }
+            let mut xv = [S::zero(); MAX_WINDOW];
+            for (k, xk) in xv.iter_mut().enumerate().take(window) {
+                *xk = win.load::<S, A, Io>(k, io, c);
+            }
+            let mut acc = [S::load_f32(tap[W].add(v)); R];
+            for k in 0..W {
+                let wk = S::load_f32(tap[k].add(v));
+                for r in 0..R {
+                    acc[r] = S::fma(wk, xv[r + k], acc[r]);
+                }
+            }
+            if p.silu {
+                silu_rows::<S, A, R>(&mut acc);
+            }
+            for r in 0..R {
+                io.store::<S, A>(orows[r], xrows[r], c, acc[r]);
+            }
+        }
+        v += S::LANES;
+    }
+    for j in vec_end..cn {
+        let c = c0 + j;
+        let w: [f32; W] = std::array::from_fn(|k| taps.values[k * cn + j]);
+        let bias = taps.values[W * cn + j];
+        for r in 0..R {
+            let x: [f32; W] = std::array::from_fn(|k| unsafe { win.load1::<A, Io>(r + k, io, c) });
+            let y = scalar_output(&w, &x, bias, p.silu);
+            unsafe { io.store1::<A>(orows[r], xrows[r], c, y) };
         }
     }
 }
@@ -462,59 +600,6 @@ fn first_history_row(s: &Seq) -> usize {
     match s.update {
         StateUpdate::Append => 0,
         StateUpdate::Rolling { accepted } => accepted - 1,
-    }
-}
-
-/// Input at relative time `rel` of the sequence for channels `c..c+LANES`: x for `rel >= 0`, else
-/// the history (state rows, or zeros).
-#[inline(always)]
-unsafe fn input<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
-    p: &Problem,
-    s: &Seq,
-    rel: isize,
-    c: usize,
-    io: &Io,
-) -> S::V {
-    unsafe {
-        if rel >= 0 {
-            return io.load::<S, A>(s.x.cast::<A>().add(rel as usize * p.x_tok), c);
-        }
-        match (s.state, s.read_state) {
-            (Some(st), true) => {
-                let row = (first_history_row(s) + p.width - 1).wrapping_add_signed(rel);
-                load_lanes::<S, St>(
-                    st.cast::<St>().add(row * p.state_row + c * p.state_ch),
-                    p.state_ch,
-                )
-            }
-            _ => S::zero(),
-        }
-    }
-}
-
-/// Scalar [`input`] for one channel.
-#[inline(always)]
-unsafe fn input1<A: SimdElement, St: SimdElement, Io: RowIo>(
-    p: &Problem,
-    s: &Seq,
-    rel: isize,
-    c: usize,
-    io: &Io,
-) -> f32 {
-    unsafe {
-        if rel >= 0 {
-            return io.load1::<A>(s.x.cast::<A>().add(rel as usize * p.x_tok), c);
-        }
-        match (s.state, s.read_state) {
-            (Some(st), true) => {
-                let row = (first_history_row(s) + p.width - 1).wrapping_add_signed(rel);
-                st.cast::<St>()
-                    .add(row * p.state_row + c * p.state_ch)
-                    .read()
-                    .to_f32()
-            }
-            _ => 0.0,
-        }
     }
 }
 
@@ -646,32 +731,28 @@ unsafe fn write_state<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
 
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `p` is validated and `i < plan.tasks()`.
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn task_avx2(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { task::<Avx2, Plain>(p, plan, i, &Plain) }
+    unsafe { run_task(p, plan, i, &Plain, block_for!(block_avx2, Plain, p)) }
 }
 
 /// # Safety
 /// As for [`task_avx2`], with AVX-512 F/BW/VL/DQ.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 pub unsafe fn task_avx512(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { task::<Avx512, Plain>(p, plan, i, &Plain) }
+    unsafe { run_task(p, plan, i, &Plain, block_for!(block_avx512, Plain, p)) }
 }
 
 /// [`task_avx2`] for ShortConv (`p.gates` is set).
 ///
 /// # Safety
 /// As for [`task_avx2`].
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn task_gated_avx2(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { task::<Avx2, Gated>(p, plan, i, &gated(p)) }
+    unsafe { run_task(p, plan, i, &gated(p), block_for!(block_avx2, Gated, p)) }
 }
 
 /// [`task_avx512`] for ShortConv (`p.gates` is set).
 ///
 /// # Safety
 /// As for [`task_avx512`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 pub unsafe fn task_gated_avx512(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { task::<Avx512, Gated>(p, plan, i, &gated(p)) }
+    unsafe { run_task(p, plan, i, &gated(p), block_for!(block_avx512, Gated, p)) }
 }

@@ -71,6 +71,20 @@ fn prefetch_row<T>(p: *const T, bytes: usize) {
     }
 }
 
+/// As [`prefetch_row`], into L2 only: for data needed after the current working set.
+#[inline(always)]
+fn prefetch_row_l2<T>(p: *const T, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: prefetch never faults and does not access memory architecturally.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                p.cast::<u8>().wrapping_add(off).cast(),
+            )
+        };
+    }
+}
+
 /// Loads the whole `[K, V]` state of `slot` into column blocks: block `b` holds columns
 /// `b*W .. b*W+W` (W = `2*LANES`) as `K x W` rows, zero-padded past `V`. Rows are read in memory
 /// order, so the hardware prefetcher streams the slot.
@@ -325,9 +339,21 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     let delta: Vec<f32> = (0..vd).map(|j| beta * (v[j] - decay * kv[j])).collect();
     let mut o = kv; // reused as the output accumulator
     o.iter_mut().for_each(|x| *x = 0.0);
+    // The next task is usually the next v-head of this slot: start reading its state while this
+    // pass computes from cache, so memory is never idle between the two.
+    let next_head = seq
+        .read
+        .filter(|_| hv + 1 < args.v_heads)
+        .map(|slot| st.at(&[slot, hv + 1, 0, 0]).cast_const());
     unsafe {
         let a = S::splat(decay);
         for r in 0..kd {
+            if let Some(next) = next_head {
+                prefetch_row_l2(
+                    next.wrapping_add(r * st.strides[2] * size_of::<St>()),
+                    vd * size_of::<St>(),
+                );
+            }
             let (kr, qr) = (S::splat(k[r]), S::splat(q[r]));
             let src = seq.read.map(|slot| row(slot, r));
             let dst = write.map(|slot| row(slot, r));

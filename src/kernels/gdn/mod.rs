@@ -285,38 +285,31 @@ impl DeltaRule {
 /// apart, where the hardware prefetchers stop. Never faults, whatever the address.
 #[inline(always)]
 pub(crate) fn prefetch(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: prefetch is a hint; it never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    p.wrapping_add(off).cast(),
-                )
-            };
-            off += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
+    prefetch_lines::<PREFETCH_L1>(p, bytes)
 }
 
 /// Like [`prefetch`], into L2 only (for data needed a while later).
 #[inline(always)]
 pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
+    prefetch_lines::<PREFETCH_L2>(p, bytes)
+}
+
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_L1: i32 = std::arch::x86_64::_MM_HINT_T0;
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_L2: i32 = std::arch::x86_64::_MM_HINT_T1;
+#[cfg(not(target_arch = "x86_64"))]
+const PREFETCH_L1: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const PREFETCH_L2: i32 = 0;
+
+/// Prefetches every line of `[p, p + bytes)` with hint `HINT`.
+#[inline(always)]
+fn prefetch_lines<const HINT: i32>(p: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: prefetch is a hint; it never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    p.wrapping_add(off).cast(),
-                )
-            };
-            off += 64;
-        }
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: prefetch is a hint; it never faults.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(off).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, bytes);

@@ -56,35 +56,6 @@ unsafe fn load_tokens(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
 /// State rows ahead that a decode's first pass prefetches (4 KiB of an f32 row of 128).
 const DECODE_PREFETCH_ROWS: usize = 8;
 
-/// Asks for the `bytes` bytes at `p`, a line at a time: the hardware prefetchers stop at page
-/// boundaries, and a state slot spans many pages.
-#[inline(always)]
-fn prefetch_row<T>(p: *const T, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch never faults and does not access memory architecturally.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.cast::<u8>().wrapping_add(off).cast(),
-            )
-        };
-    }
-}
-
-/// As [`prefetch_row`], into L2 only: for data needed after the current working set.
-#[inline(always)]
-fn prefetch_row_l2<T>(p: *const T, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch never faults and does not access memory architecturally.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                p.cast::<u8>().wrapping_add(off).cast(),
-            )
-        };
-    }
-}
-
 /// Loads the whole `[K, V]` state of `slot` into column blocks: block `b` holds columns
 /// `b*W .. b*W+W` (W = `2*LANES`) as `K x W` rows, zero-padded past `V`. Rows are read in memory
 /// order, so the hardware prefetcher streams the slot.
@@ -105,7 +76,7 @@ unsafe fn load_state<S: Simd, St: SimdElement>(
     for r in 0..kd {
         // Prefetch four rows ahead: the hardware prefetchers stop at page boundaries.
         if st.strides[3] == 1 && r + 4 < kd {
-            prefetch_row(st.at(&[slot, hv, r + 4, 0]), row_bytes);
+            super::prefetch(st.at(&[slot, hv, r + 4, 0]), row_bytes);
         }
         let mut v0 = 0;
         while v0 < vd {
@@ -320,7 +291,10 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
             for r in 0..kd {
                 let src = row(slot, r);
                 if r + DECODE_PREFETCH_ROWS < kd {
-                    prefetch_row(row(slot, r + DECODE_PREFETCH_ROWS), vd * size_of::<St>());
+                    super::prefetch(
+                        row(slot, r + DECODE_PREFETCH_ROWS).cast(),
+                        vd * size_of::<St>(),
+                    );
                 }
                 let kr = S::splat(k[r]);
                 let mut j = 0;
@@ -344,12 +318,12 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     let next_head = seq
         .read
         .filter(|_| hv + 1 < args.v_heads)
-        .map(|slot| st.at(&[slot, hv + 1, 0, 0]).cast_const());
+        .map(|slot| st.at(&[slot, hv + 1, 0, 0]));
     unsafe {
         let a = S::splat(decay);
         for r in 0..kd {
             if let Some(next) = next_head {
-                prefetch_row_l2(
+                super::prefetch_l2(
                     next.wrapping_add(r * st.strides[2] * size_of::<St>()),
                     vd * size_of::<St>(),
                 );

@@ -1,6 +1,7 @@
 //! Run-time environment of the kernels: the instruction set chosen once per process, and the
 //! context that owns a private, lazily built thread pool (never rayon's global pool).
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
@@ -52,6 +53,12 @@ impl Isa {
         })
     }
 
+    /// The level this thread's calls dispatch to: the one [`with_isa`] forces, else
+    /// [`Isa::active`].
+    pub fn dispatch() -> Isa {
+        FORCED_ISA.get().unwrap_or_else(Isa::active)
+    }
+
     /// Every level this CPU can run, lowest first (for tests and benchmarks).
     pub fn supported() -> Vec<Isa> {
         [Isa::Scalar, Isa::Avx2, Isa::Avx512]
@@ -83,6 +90,28 @@ fn detect() -> Isa {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Isa {
     Isa::Scalar
+}
+
+thread_local! {
+    /// The level [`with_isa`] forces on this thread, if any.
+    static FORCED_ISA: Cell<Option<Isa>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with every ssmk call it makes on this thread dispatching to the kernels of `isa`
+/// (capped at what the CPU runs; `Isa::Scalar` is the portable reference) instead of the active
+/// ones. Tests and benchmarks drive every variant through the exported functions this way, with
+/// the same validation and dispatch as any caller. The level is chosen on the calling thread
+/// before any task starts, so it holds for work spread over a context's pool too.
+pub fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    /// Restores the previous level even if `f` unwinds.
+    struct Restore(Option<Isa>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCED_ISA.set(self.0);
+        }
+    }
+    let _restore = Restore(FORCED_ISA.replace(Some(isa.min(Isa::detected()))));
+    f()
 }
 
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.

@@ -113,18 +113,13 @@ impl Fwd {
             ptr(&d.h),
         );
         let o = ptr_mut(&mut d.o);
-        unsafe {
-            match isa {
-                None => ssmk_causal_conv1d_fwd(
-                    ctx.0, args.0, args.1, args.2, args.3, args.4, args.5, args.6, self.act,
-                    self.pad, o,
-                ),
-                Some(isa) => causal_conv1d_fwd_with_isa(
-                    isa, ctx.0, args.0, args.1, args.2, args.3, args.4, args.5, args.6, self.act,
-                    self.pad, o,
-                ),
-            }
-        }
+        let call = || unsafe {
+            ssmk_causal_conv1d_fwd(
+                ctx.0, args.0, args.1, args.2, args.3, args.4, args.5, args.6, self.act, self.pad,
+                o,
+            )
+        };
+        common::with_optional_isa(isa, call)
     }
 
     fn call(&mut self, ctx: &Ctx, isa: Option<Isa>) -> i32 {
@@ -645,14 +640,9 @@ impl Update {
             ptr(&d.n),
         );
         let o = ptr_mut(&mut d.o);
-        unsafe {
-            match isa {
-                None => ssmk_causal_conv1d_update(ctx.0, x, s, w, b, i, n, self.act, self.pad, o),
-                Some(isa) => causal_conv1d_update_with_isa(
-                    isa, ctx.0, x, s, w, b, i, n, self.act, self.pad, o,
-                ),
-            }
-        }
+        let call =
+            || unsafe { ssmk_causal_conv1d_update(ctx.0, x, s, w, b, i, n, self.act, self.pad, o) };
+        common::with_optional_isa(isa, call)
     }
 
     fn call(&mut self, ctx: &Ctx, isa: Option<Isa>) -> i32 {

@@ -15,12 +15,10 @@ use common::{Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use half::bf16;
 use ssmk::dtype::{DType, Element};
 use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
-use ssmk::ffi::gdn::{
-    SSMK_GDN_QK_L2NORM, gated_delta_rule_with, ssmk_gated_delta_rule, ssmk_gdn_gating,
-};
+use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating};
 use ssmk::ffi::status::*;
 use ssmk::kernels::gdn::Path;
-use ssmk::runtime::Isa;
+use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 const PAD: i64 = -1;
@@ -235,28 +233,7 @@ impl Gdn {
     }
 
     fn call_with(&mut self, isa: Isa, path: Path, ctx: *const ssmk_context) -> i32 {
-        self.call_raw(|d| unsafe {
-            gated_delta_rule_with(
-                isa,
-                path,
-                ctx,
-                &d.q,
-                &d.k,
-                &d.v,
-                &d.g,
-                &d.beta,
-                d.scale,
-                ptr_mut(&d.state),
-                ptr(&d.cu),
-                ptr(&d.idx),
-                ptr(&d.init),
-                ptr(&d.accepted),
-                d.flags,
-                d.eps,
-                PAD,
-                (&d.out as *const ssmk_tensor).cast_mut(),
-            )
-        })
+        self.call_raw(|d| with_isa(isa, || path.with(|| unsafe { export(ctx, d) })))
     }
 
     fn clone_all(&self) -> Gdn {

@@ -11,7 +11,7 @@ use std::ptr::{null, null_mut};
 use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
 use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
-use ssmk::ffi::short_conv::{short_conv_with_isa, ssmk_short_conv};
+use ssmk::ffi::short_conv::ssmk_short_conv;
 use ssmk::ffi::status::*;
 use ssmk::runtime::Isa;
 use ssmk::tensor::ssmk_tensor;
@@ -100,16 +100,12 @@ impl Case {
                 null()
             },
         );
-        let code = unsafe {
-            match isa {
-                Some(isa) => short_conv_with_isa(
-                    isa, ctx.0, &bcx, &w, args.0, args.1, &qd, &id, args.2, -1, &mut od,
-                ),
-                None => ssmk_short_conv(
-                    ctx.0, &bcx, &w, args.0, args.1, &qd, &id, args.2, -1, &mut od,
-                ),
-            }
+        let call = || unsafe {
+            ssmk_short_conv(
+                ctx.0, &bcx, &w, args.0, args.1, &qd, &id, args.2, -1, &mut od,
+            )
         };
+        let code = common::with_optional_isa(isa, call);
         assert_eq!(code, SSMK_OK, "{}", common::last_error());
         (out, states)
     }

@@ -7,7 +7,6 @@ use super::sequences::{parse_batch, parse_slots};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernels::conv::{self, MAX_WIDTH, MIN_WIDTH, Matrix, Problem, Seq, StateUpdate};
-use crate::runtime::{Context, Isa};
 use crate::tensor::{View, ssmk_tensor};
 use crate::{bail, ensure};
 
@@ -105,13 +104,6 @@ fn expect_disjoint_from(output: &View, inputs: &[Option<&View>]) -> Result<()> {
         output.expect_disjoint(input)?;
     }
     Ok(())
-}
-
-pub(crate) fn execute(ctx: &Context, isa: Option<Isa>, p: &Problem) {
-    match isa {
-        Some(isa) => conv::conv_fn(isa)(ctx, p),
-        None => conv::run(ctx, p),
-    }
 }
 
 /// The validated prefill arguments shared by `ssmk_causal_conv1d_fwd` and `ssmk_short_conv`.
@@ -216,7 +208,6 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn fwd(
-    isa: Option<Isa>,
     ctx: *const ssmk_context,
     x: *const ssmk_tensor,
     weight: *const ssmk_tensor,
@@ -252,7 +243,7 @@ unsafe fn fwd(
         out: &out,
         also_read: None,
     })?;
-    execute(ctx, isa, &p);
+    conv::run(ctx, &p);
     Ok(())
 }
 
@@ -322,46 +313,6 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
 ) -> i32 {
     guard(|| unsafe {
         fwd(
-            None,
-            ctx,
-            x,
-            weight,
-            bias,
-            conv_states,
-            query_start_loc,
-            cache_indices,
-            has_initial_state,
-            activation,
-            pad_slot_id,
-            out,
-        )
-    })
-}
-
-/// [`ssmk_causal_conv1d_fwd`] with the kernels of `isa` (clamped to what the CPU supports) instead
-/// of the active ones: for tests and benchmarks comparing the portable reference with the vector
-/// kernels through the same validation and dispatch.
-///
-/// # Safety
-/// As for [`ssmk_causal_conv1d_fwd`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn causal_conv1d_fwd_with_isa(
-    isa: Isa,
-    ctx: *const ssmk_context,
-    x: *const ssmk_tensor,
-    weight: *const ssmk_tensor,
-    bias: *const ssmk_tensor,
-    conv_states: *mut ssmk_tensor,
-    query_start_loc: *const ssmk_tensor,
-    cache_indices: *const ssmk_tensor,
-    has_initial_state: *const ssmk_tensor,
-    activation: u32,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> i32 {
-    guard(|| unsafe {
-        fwd(
-            Some(isa),
             ctx,
             x,
             weight,
@@ -379,7 +330,6 @@ pub unsafe fn causal_conv1d_fwd_with_isa(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn update(
-    isa: Option<Isa>,
     ctx: *const ssmk_context,
     x: *const ssmk_tensor,
     conv_states: *mut ssmk_tensor,
@@ -510,7 +460,7 @@ unsafe fn update(
         gates: None,
         seqs,
     };
-    execute(ctx, isa, &p);
+    conv::run(ctx, &p);
     Ok(())
 }
 
@@ -567,42 +517,6 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_update(
 ) -> i32 {
     guard(|| unsafe {
         update(
-            None,
-            ctx,
-            x,
-            conv_states,
-            weight,
-            bias,
-            conv_state_indices,
-            num_accepted_tokens,
-            activation,
-            pad_slot_id,
-            out,
-        )
-    })
-}
-
-/// [`ssmk_causal_conv1d_update`] with the kernels of `isa` (clamped to what the CPU supports).
-///
-/// # Safety
-/// As for [`ssmk_causal_conv1d_update`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn causal_conv1d_update_with_isa(
-    isa: Isa,
-    ctx: *const ssmk_context,
-    x: *const ssmk_tensor,
-    conv_states: *mut ssmk_tensor,
-    weight: *const ssmk_tensor,
-    bias: *const ssmk_tensor,
-    conv_state_indices: *const ssmk_tensor,
-    num_accepted_tokens: *const ssmk_tensor,
-    activation: u32,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> i32 {
-    guard(|| unsafe {
-        update(
-            Some(isa),
             ctx,
             x,
             conv_states,

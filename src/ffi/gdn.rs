@@ -6,7 +6,7 @@ use super::sequences::{parse_initial, parse_slots, parse_starts};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernels::gdn::gating::{self, Gating};
-use crate::kernels::gdn::{self, DeltaRule, Path, Sequence, StateWrite, Strided};
+use crate::kernels::gdn::{self, DeltaRule, Sequence, StateWrite, Strided};
 use crate::runtime::Isa;
 use crate::tensor::{View, ssmk_tensor};
 use crate::{bail, ensure};
@@ -259,59 +259,6 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
 ) -> i32 {
     guard(|| unsafe {
         delta_rule_impl(
-            Isa::active(),
-            Path::Auto,
-            ctx,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale,
-            state,
-            cu_seqlens,
-            state_indices,
-            has_initial_state,
-            num_accepted_tokens,
-            flags,
-            l2norm_eps,
-            pad_slot_id,
-            out,
-        )
-    })
-}
-
-/// `ssmk_gated_delta_rule` with a chosen implementation, for tests and benchmarks:
-/// `Isa::Scalar` runs the f64 per-token reference, higher levels the SIMD paths (capped at what
-/// this CPU supports); `path` can force the recurrence or the chunked form for every sequence.
-///
-/// # Safety
-/// As for `ssmk_gated_delta_rule`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gated_delta_rule_with(
-    isa: Isa,
-    path: Path,
-    ctx: *const ssmk_context,
-    q: *const ssmk_tensor,
-    k: *const ssmk_tensor,
-    v: *const ssmk_tensor,
-    g: *const ssmk_tensor,
-    beta: *const ssmk_tensor,
-    scale: f32,
-    state: *mut ssmk_tensor,
-    cu_seqlens: *const ssmk_tensor,
-    state_indices: *const ssmk_tensor,
-    has_initial_state: *const ssmk_tensor,
-    num_accepted_tokens: *const ssmk_tensor,
-    flags: u32,
-    l2norm_eps: f32,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> i32 {
-    guard(|| unsafe {
-        delta_rule_impl(
-            isa.min(Isa::detected()),
-            path,
             ctx,
             q,
             k,
@@ -334,8 +281,6 @@ pub unsafe fn gated_delta_rule_with(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn delta_rule_impl(
-    isa: Isa,
-    path: Path,
     ctx: *const ssmk_context,
     q: *const ssmk_tensor,
     k: *const ssmk_tensor,
@@ -544,7 +489,7 @@ unsafe fn delta_rule_impl(
         sequences,
     };
     // SAFETY: all shapes, slots and overlaps were checked above.
-    unsafe { gdn::gated_delta_rule(ctx, isa, path, &args) }
+    unsafe { gdn::gated_delta_rule(ctx, Isa::dispatch(), gdn::Path::current(), &args) }
 }
 
 /// Speculative mode: reads `[B, Smax]` and checks every slot the call will read or write.

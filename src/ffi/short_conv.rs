@@ -1,18 +1,16 @@
 //! Export for LFM2's ShortConv core (ABI.md §4.7): `out = C * conv(B * x)` in one pass.
 
 use super::context::{resolve, ssmk_context};
-use super::conv::{PrefillArgs, execute, prefill_problem};
+use super::conv::{PrefillArgs, prefill_problem};
 use super::guard::guard;
 use crate::dtype::DType;
 use crate::ensure;
 use crate::error::Result;
-use crate::kernels::conv::Gates;
-use crate::runtime::Isa;
+use crate::kernels::conv::{self, Gates};
 use crate::tensor::{View, ssmk_tensor};
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn short_conv(
-    isa: Option<Isa>,
     ctx: *const ssmk_context,
     bcx: *const ssmk_tensor,
     weight: *const ssmk_tensor,
@@ -66,7 +64,7 @@ unsafe fn short_conv(
         b_back: 2 * d * bcx.strides[1],
         c_back: d * bcx.strides[1],
     });
-    execute(ctx, isa, &p);
+    conv::run(ctx, &p);
     Ok(())
 }
 
@@ -124,43 +122,6 @@ pub unsafe extern "C" fn ssmk_short_conv(
 ) -> i32 {
     guard(|| unsafe {
         short_conv(
-            None,
-            ctx,
-            bcx,
-            weight,
-            bias,
-            conv_states,
-            query_start_loc,
-            cache_indices,
-            has_initial_state,
-            pad_slot_id,
-            out,
-        )
-    })
-}
-
-/// [`ssmk_short_conv`] with the kernels of `isa` (clamped to the CPU): for tests and benchmarks
-/// comparing the portable reference with the vector kernels through the same validation.
-///
-/// # Safety
-/// As for [`ssmk_short_conv`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn short_conv_with_isa(
-    isa: Isa,
-    ctx: *const ssmk_context,
-    bcx: *const ssmk_tensor,
-    weight: *const ssmk_tensor,
-    bias: *const ssmk_tensor,
-    conv_states: *mut ssmk_tensor,
-    query_start_loc: *const ssmk_tensor,
-    cache_indices: *const ssmk_tensor,
-    has_initial_state: *const ssmk_tensor,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> i32 {
-    guard(|| unsafe {
-        short_conv(
-            Some(isa),
             ctx,
             bcx,
             weight,

@@ -9,6 +9,7 @@ use std::ffi::CStr;
 use half::{bf16, f16};
 use ssmk::dtype::{DType, Element};
 use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
+use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 /// An owned ssmk context, destroyed on drop.
@@ -225,6 +226,14 @@ impl Rng {
 }
 
 /// The message of the last failed call on this thread.
+/// `call()` with the kernels of `isa` forced, or with the active ones.
+pub fn with_optional_isa<R>(isa: Option<Isa>, call: impl FnOnce() -> R) -> R {
+    match isa {
+        Some(isa) => with_isa(isa, call),
+        None => call(),
+    }
+}
+
 pub fn last_error() -> String {
     unsafe { CStr::from_ptr(ssmk::ffi::status::ssmk_last_error_message()) }
         .to_string_lossy()

@@ -3,10 +3,8 @@
 //! the portable reference run through the same entry point.
 
 use ssmk::dtype::DType;
-use ssmk::ffi::conv::{
-    SSMK_ACTIVATION_SILU, causal_conv1d_fwd_with_isa, causal_conv1d_update_with_isa,
-};
-use ssmk::runtime::Isa;
+use ssmk::ffi::conv::{SSMK_ACTIVATION_SILU, ssmk_causal_conv1d_fwd, ssmk_causal_conv1d_update};
+use ssmk::runtime::{Isa, with_isa};
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
@@ -91,20 +89,21 @@ fn fwd(
         "silu, bias, 2 of 4 with state".into(),
     );
     measure(cfg, report, template, bytes, |isa, ctx| unsafe {
-        causal_conv1d_fwd_with_isa(
-            isa,
-            ctx.0,
-            &xd,
-            &wd,
-            &bd,
-            &mut sd,
-            &qd,
-            &id,
-            &hd,
-            SSMK_ACTIVATION_SILU,
-            -1,
-            &mut od,
-        )
+        with_isa(isa, || {
+            ssmk_causal_conv1d_fwd(
+                ctx.0,
+                &xd,
+                &wd,
+                &bd,
+                &mut sd,
+                &qd,
+                &id,
+                &hd,
+                SSMK_ACTIVATION_SILU,
+                -1,
+                &mut od,
+            )
+        })
     })
 }
 
@@ -129,19 +128,20 @@ fn update(cfg: &Config, report: &mut Report, dtype: DType, batch: usize, dim: us
         "silu, bias".into(),
     );
     measure(cfg, report, template, bytes, |isa, ctx| unsafe {
-        causal_conv1d_update_with_isa(
-            isa,
-            ctx.0,
-            &xd,
-            &mut sd,
-            &wd,
-            &bd,
-            &id,
-            std::ptr::null(),
-            SSMK_ACTIVATION_SILU,
-            -1,
-            &mut od,
-        )
+        with_isa(isa, || {
+            ssmk_causal_conv1d_update(
+                ctx.0,
+                &xd,
+                &mut sd,
+                &wd,
+                &bd,
+                &id,
+                std::ptr::null(),
+                SSMK_ACTIVATION_SILU,
+                -1,
+                &mut od,
+            )
+        })
     });
 }
 

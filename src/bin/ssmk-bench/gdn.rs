@@ -3,10 +3,9 @@
 //! steps (conv → gating → delta rule through the C ABI) against the portable reference kernels.
 
 use ssmk::dtype::DType;
-use ssmk::ffi::conv::{SSMK_ACTIVATION_SILU, causal_conv1d_fwd_with_isa};
-use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, gated_delta_rule_with, ssmk_gdn_gating};
-use ssmk::kernels::gdn::Path;
-use ssmk::runtime::Isa;
+use ssmk::ffi::conv::{SSMK_ACTIVATION_SILU, ssmk_causal_conv1d_fwd};
+use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating};
+use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
@@ -95,26 +94,26 @@ impl DeltaRule {
         let (mut state, mut out) = (self.state.desc(), self.out.desc());
         let (cu, idx, init) = (self.starts.desc(), self.slots.desc(), self.initial.desc());
         ok(unsafe {
-            gated_delta_rule_with(
-                isa,
-                Path::Auto,
-                ctx.0,
-                &q,
-                &k,
-                &v,
-                &g,
-                &beta,
-                0.0,
-                &mut state,
-                &cu,
-                &idx,
-                &init,
-                std::ptr::null(),
-                SSMK_GDN_QK_L2NORM,
-                1e-6,
-                -1,
-                &mut out,
-            )
+            with_isa(isa, || {
+                ssmk_gated_delta_rule(
+                    ctx.0,
+                    &q,
+                    &k,
+                    &v,
+                    &g,
+                    &beta,
+                    0.0,
+                    &mut state,
+                    &cu,
+                    &idx,
+                    &init,
+                    std::ptr::null(),
+                    SSMK_GDN_QK_L2NORM,
+                    1e-6,
+                    -1,
+                    &mut out,
+                )
+            })
         });
     }
 
@@ -218,20 +217,21 @@ impl LayerStep {
         let (mut states, mut out) = (self.conv_states.desc(), self.conv_out.desc());
         let (q, idx, init) = (r.starts.desc(), r.slots.desc(), r.initial.desc());
         ok(unsafe {
-            causal_conv1d_fwd_with_isa(
-                isa,
-                ctx.0,
-                &x,
-                &w,
-                &bias,
-                &mut states,
-                &q,
-                &idx,
-                &init,
-                SSMK_ACTIVATION_SILU,
-                -1,
-                &mut out,
-            )
+            with_isa(isa, || {
+                ssmk_causal_conv1d_fwd(
+                    ctx.0,
+                    &x,
+                    &w,
+                    &bias,
+                    &mut states,
+                    &q,
+                    &idx,
+                    &init,
+                    SSMK_ACTIVATION_SILU,
+                    -1,
+                    &mut out,
+                )
+            })
         });
         let (a_log, a, b, dt) = (
             self.a_log.desc(),

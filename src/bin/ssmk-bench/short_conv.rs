@@ -5,8 +5,8 @@
 use half::bf16;
 use ssmk::dtype::DType;
 use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
-use ssmk::ffi::short_conv::short_conv_with_isa;
-use ssmk::runtime::Isa;
+use ssmk::ffi::short_conv::ssmk_short_conv;
+use ssmk::runtime::{Isa, with_isa};
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
@@ -58,7 +58,9 @@ impl Step {
         );
         let (mut s, mut o) = (self.states.desc(), self.out.desc());
         ok(unsafe {
-            short_conv_with_isa(isa, ctx.0, &bcx, &w, &b, &mut s, &q, &i, &h, -1, &mut o)
+            with_isa(isa, || {
+                ssmk_short_conv(ctx.0, &bcx, &w, &b, &mut s, &q, &i, &h, -1, &mut o)
+            })
         });
     }
 

@@ -276,9 +276,12 @@ fn active_conv_fn() -> ConvFn {
     *CHOSEN.get_or_init(|| conv_fn(Isa::active()))
 }
 
-/// Runs the problem with the active instruction set.
+/// Runs the problem with this thread's instruction set ([`Isa::dispatch`]).
 pub fn run(ctx: &Context, p: &Problem) {
-    active_conv_fn()(ctx, p)
+    match Isa::dispatch() {
+        isa if isa == Isa::active() => active_conv_fn()(ctx, p),
+        isa => conv_fn(isa)(ctx, p),
+    }
 }
 
 /// The portable reference, one task per sequence (sequences own disjoint outputs and slots).

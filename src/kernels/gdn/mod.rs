@@ -333,7 +333,7 @@ pub(crate) fn sum_squares(x: &[f32]) -> f32 {
     s
 }
 
-/// Which algorithm long sequences take; `Auto` is what the export uses. Forcing one lets tests
+/// Which algorithm long sequences take; `Auto` unless [`Path::with`] forces one, which lets tests
 /// cover both on every length and lets benchmarks compare them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
@@ -342,6 +342,30 @@ pub enum Path {
     Recurrent,
     /// Every non-speculative sequence of at least one token takes the chunked form.
     Chunked,
+}
+
+thread_local! {
+    static FORCED_PATH: std::cell::Cell<Path> = const { std::cell::Cell::new(Path::Auto) };
+}
+
+impl Path {
+    /// Runs `f` with every `ssmk_gated_delta_rule` call it makes on this thread taking `self`.
+    pub fn with<R>(self, f: impl FnOnce() -> R) -> R {
+        /// Restores the previous path even if `f` unwinds.
+        struct Restore(Path);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                FORCED_PATH.set(self.0);
+            }
+        }
+        let _restore = Restore(FORCED_PATH.replace(self));
+        f()
+    }
+
+    /// The path this thread's calls take.
+    pub fn current() -> Path {
+        FORCED_PATH.get()
+    }
 }
 
 /// Runs the gated delta rule with the implementation for `isa` (`Isa::Scalar` = the f64

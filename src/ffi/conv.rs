@@ -111,11 +111,7 @@ pub(crate) struct PrefillArgs<'a> {
     /// The conv input `[T, D]` (for ShortConv, the x columns of bcx).
     pub x: &'a View,
     pub weight: &'a View,
-    pub bias: Option<&'a View>,
-    pub states: Option<&'a View>,
-    pub starts: Option<&'a View>,
-    pub indices: Option<&'a View>,
-    pub initial: Option<&'a View>,
+    pub optional: &'a OptionalArgs,
     pub silu: bool,
     pub pad_slot_id: i64,
     pub out: &'a View,
@@ -123,19 +119,55 @@ pub(crate) struct PrefillArgs<'a> {
     pub also_read: Option<&'a View>,
 }
 
+/// The descriptors of a prefill call that may be NULL.
+pub(crate) struct OptionalArgs {
+    pub bias: Option<View>,
+    pub states: Option<View>,
+    pub starts: Option<View>,
+    pub indices: Option<View>,
+    pub initial: Option<View>,
+}
+
+impl OptionalArgs {
+    /// Reads the optional descriptors of `ssmk_causal_conv1d_fwd` and `ssmk_short_conv`.
+    ///
+    /// # Safety
+    /// Each pointer is NULL or a valid descriptor.
+    pub(crate) unsafe fn read(
+        bias: *const ssmk_tensor,
+        conv_states: *mut ssmk_tensor,
+        query_start_loc: *const ssmk_tensor,
+        cache_indices: *const ssmk_tensor,
+        has_initial_state: *const ssmk_tensor,
+    ) -> Result<OptionalArgs> {
+        unsafe {
+            Ok(OptionalArgs {
+                bias: View::optional("bias", bias)?,
+                states: View::optional("conv_states", conv_states)?,
+                starts: View::optional("query_start_loc", query_start_loc)?,
+                indices: View::optional("cache_indices", cache_indices)?,
+                initial: View::optional("has_initial_state", has_initial_state)?,
+            })
+        }
+    }
+}
+
 /// Checks a prefill call (shapes, dtypes, overlaps, sequences, slots) and describes it.
 pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
+    let o = a.optional;
+    let (bias, states) = (o.bias.as_ref(), o.states.as_ref());
+    let (starts, indices, initial) = (o.starts.as_ref(), o.indices.as_ref(), o.initial.as_ref());
     let (x, out) = (a.x, a.out);
     x.expect_ndim(2)?;
     x.expect_dtype(&[DType::F32, DType::BF16, DType::F16])?;
     let (t, d, act) = (x.shape[0], x.shape[1], x.dtype);
-    let (wm, bm, w) = parse_weights(act, d, a.weight, a.bias)?;
+    let (wm, bm, w) = parse_weights(act, d, a.weight, bias)?;
     out.expect_ndim(2)?;
     out.expect_dim(0, t, "tokens = x.shape[0] = T")?;
     out.expect_dim(1, d, "dim = D")?;
     out.expect_dtype(&[act])?;
     out.expect_no_self_overlap()?;
-    let num_slots = match a.states {
+    let num_slots = match states {
         Some(s) => Some(parse_states(s, act, d, w - 1, "W-1")?),
         None => None,
     };
@@ -143,26 +175,26 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
         Some(x),
         a.also_read,
         Some(a.weight),
-        a.bias,
-        a.starts,
-        a.indices,
-        a.initial,
+        bias,
+        starts,
+        indices,
+        initial,
     ];
     expect_disjoint_from(out, &inputs)?;
-    if let Some(s) = a.states {
+    if let Some(s) = states {
         expect_disjoint_from(s, &inputs)?;
         out.expect_disjoint(s)?;
     }
     let batch = parse_batch(
         ["query_start_loc", "cache_indices", "has_initial_state"],
-        a.starts,
+        starts,
         t,
-        a.indices,
-        a.initial,
+        indices,
+        initial,
         a.pad_slot_id,
         num_slots,
     )?;
-    if let (None, Some(b)) = (a.states, batch.initial.iter().position(|&i| i)) {
+    if let (None, Some(b)) = (states, batch.initial.iter().position(|&i| i)) {
         bail!(
             InvalidArgument,
             "has_initial_state[{b}] = true but conv_states is NULL, expected false (no state to continue from)"
@@ -177,10 +209,7 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
                 out: elem_ptr(out, &[tokens.start, 0]),
                 len: tokens.len(),
                 pad: slot.is_none(),
-                state: a
-                    .states
-                    .zip(slot)
-                    .map(|(s, slot)| elem_ptr(s, &[slot, 0, 0])),
+                state: states.zip(slot).map(|(s, slot)| elem_ptr(s, &[slot, 0, 0])),
                 read_state: batch.initial[b],
                 update: StateUpdate::Append,
             }
@@ -197,54 +226,13 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
         out_ch: out.strides[1],
         weight: wm,
         bias: bm,
-        state_dtype: a.states.map_or(act, |s| s.dtype),
-        state_rows: a.states.map_or(0, |s| s.shape[1]),
-        state_row: a.states.map_or(0, |s| s.strides[1]),
-        state_ch: a.states.map_or(0, |s| s.strides[2]),
+        state_dtype: states.map_or(act, |s| s.dtype),
+        state_rows: states.map_or(0, |s| s.shape[1]),
+        state_row: states.map_or(0, |s| s.strides[1]),
+        state_ch: states.map_or(0, |s| s.strides[2]),
         gates: None,
         seqs,
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn fwd(
-    ctx: *const ssmk_context,
-    x: *const ssmk_tensor,
-    weight: *const ssmk_tensor,
-    bias: *const ssmk_tensor,
-    conv_states: *mut ssmk_tensor,
-    query_start_loc: *const ssmk_tensor,
-    cache_indices: *const ssmk_tensor,
-    has_initial_state: *const ssmk_tensor,
-    activation: u32,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> Result<()> {
-    let ctx = unsafe { resolve(ctx) };
-    let x = unsafe { View::required("x", x) }?;
-    let weight = unsafe { View::required("weight", weight) }?;
-    let bias = unsafe { View::optional("bias", bias) }?;
-    let states = unsafe { View::optional("conv_states", conv_states) }?;
-    let starts = unsafe { View::optional("query_start_loc", query_start_loc) }?;
-    let indices = unsafe { View::optional("cache_indices", cache_indices) }?;
-    let initial = unsafe { View::optional("has_initial_state", has_initial_state) }?;
-    let out = unsafe { View::required("out", out) }?;
-    let silu = parse_activation(activation)?;
-    let p = prefill_problem(&PrefillArgs {
-        x: &x,
-        weight: &weight,
-        bias: bias.as_ref(),
-        states: states.as_ref(),
-        starts: starts.as_ref(),
-        indices: indices.as_ref(),
-        initial: initial.as_ref(),
-        silu,
-        pad_slot_id,
-        out: &out,
-        also_read: None,
-    })?;
-    conv::run(ctx, &p);
-    Ok(())
 }
 
 /// Causal depthwise conv1d over a packed batch of variable-length sequences, continuing from and
@@ -311,157 +299,33 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
 ) -> i32 {
-    guard(|| unsafe {
-        fwd(
-            ctx,
-            x,
-            weight,
-            bias,
-            conv_states,
-            query_start_loc,
-            cache_indices,
-            has_initial_state,
-            activation,
+    guard(|| {
+        let ctx = unsafe { resolve(ctx) };
+        let x = unsafe { View::required("x", x) }?;
+        let weight = unsafe { View::required("weight", weight) }?;
+        let optional = unsafe {
+            OptionalArgs::read(
+                bias,
+                conv_states,
+                query_start_loc,
+                cache_indices,
+                has_initial_state,
+            )
+        }?;
+        let out = unsafe { View::required("out", out) }?;
+        let silu = parse_activation(activation)?;
+        let p = prefill_problem(&PrefillArgs {
+            x: &x,
+            weight: &weight,
+            optional: &optional,
+            silu,
             pad_slot_id,
-            out,
-        )
+            out: &out,
+            also_read: None,
+        })?;
+        conv::run(ctx, &p);
+        Ok(())
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn update(
-    ctx: *const ssmk_context,
-    x: *const ssmk_tensor,
-    conv_states: *mut ssmk_tensor,
-    weight: *const ssmk_tensor,
-    bias: *const ssmk_tensor,
-    conv_state_indices: *const ssmk_tensor,
-    num_accepted_tokens: *const ssmk_tensor,
-    activation: u32,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> Result<()> {
-    let ctx = unsafe { resolve(ctx) };
-    let x = unsafe { View::required("x", x) }?;
-    let states = unsafe { View::required("conv_states", conv_states) }?;
-    let weight = unsafe { View::required("weight", weight) }?;
-    let bias = unsafe { View::optional("bias", bias) }?;
-    let indices = unsafe { View::optional("conv_state_indices", conv_state_indices) }?;
-    let accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
-    let out = unsafe { View::required("out", out) }?;
-    let silu = parse_activation(activation)?;
-
-    ensure!(
-        x.ndim == 2 || x.ndim == 3,
-        InvalidArgument,
-        "x.ndim = {}, expected 2 ([B, D]) or 3 ([B, Q, D]) (shape {:?})",
-        x.ndim,
-        x.dims()
-    );
-    x.expect_dtype(&[DType::F32, DType::BF16, DType::F16])?;
-    let three_d = x.ndim == 3;
-    let (b, q, d, act) = if three_d {
-        (x.shape[0], x.shape[1], x.shape[2], x.dtype)
-    } else {
-        (x.shape[0], 1, x.shape[1], x.dtype)
-    };
-    let (wm, bm, w) = parse_weights(act, d, &weight, bias.as_ref())?;
-    out.expect_ndim(x.ndim)?;
-    for dim in 0..x.ndim {
-        out.expect_dim(dim, x.shape[dim], &format!("x.shape[{dim}]"))?;
-    }
-    out.expect_dtype(&[act])?;
-    out.expect_no_self_overlap()?;
-    let num_slots = match &accepted {
-        Some(_) => parse_states(
-            &states,
-            act,
-            d,
-            (w - 2) + q,
-            "W-2+Q (speculative rolling buffer)",
-        )?,
-        None => parse_states(&states, act, d, w - 1, "W-1")?,
-    };
-    let inputs = [
-        Some(&x),
-        Some(&weight),
-        bias.as_ref(),
-        indices.as_ref(),
-        accepted.as_ref(),
-    ];
-    expect_disjoint_from(&out, &inputs)?;
-    expect_disjoint_from(&states, &inputs)?;
-    out.expect_disjoint(&states)?;
-    let slots = parse_slots(
-        "conv_state_indices",
-        indices.as_ref(),
-        b,
-        pad_slot_id,
-        Some(num_slots),
-    )?;
-    let accepted = match &accepted {
-        Some(a) => {
-            let n = a.read_indices(b, "number of sequences B")?;
-            for (i, &n) in n.iter().enumerate() {
-                if slots[i].is_some() {
-                    ensure!(
-                        n >= 1 && n as u64 <= q as u64,
-                        InvalidArgument,
-                        "num_accepted_tokens[{i}] = {n}, expected 1 <= n <= Q = {q} (tokens per sequence)"
-                    );
-                }
-            }
-            Some(n)
-        }
-        None => None,
-    };
-
-    let (x_tok, x_ch) = if three_d {
-        (x.strides[1], x.strides[2])
-    } else {
-        (0, x.strides[1])
-    };
-    let (out_tok, out_ch) = if three_d {
-        (out.strides[1], out.strides[2])
-    } else {
-        (0, out.strides[1])
-    };
-    let seqs = (0..b)
-        .map(|i| Seq {
-            x: elem_ptr(&x, &[i]),
-            out: elem_ptr(&out, &[i]),
-            len: q,
-            pad: slots[i].is_none(),
-            state: slots[i].map(|s| elem_ptr(&states, &[s])),
-            read_state: true,
-            update: match &accepted {
-                Some(n) if slots[i].is_some() => StateUpdate::Rolling {
-                    accepted: n[i] as usize,
-                },
-                _ => StateUpdate::Append,
-            },
-        })
-        .collect();
-    let p = Problem {
-        act,
-        channels: d,
-        width: w,
-        silu,
-        x_tok,
-        x_ch,
-        out_tok,
-        out_ch,
-        weight: wm,
-        bias: bm,
-        state_dtype: states.dtype,
-        state_rows: states.shape[1],
-        state_row: states.strides[1],
-        state_ch: states.strides[2],
-        gates: None,
-        seqs,
-    };
-    conv::run(ctx, &p);
-    Ok(())
 }
 
 /// One decode step, or a speculative verify of `Q` tokens per sequence, of the causal depthwise
@@ -515,18 +379,127 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_update(
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
 ) -> i32 {
-    guard(|| unsafe {
-        update(
-            ctx,
-            x,
-            conv_states,
-            weight,
-            bias,
-            conv_state_indices,
-            num_accepted_tokens,
-            activation,
+    guard(|| {
+        let ctx = unsafe { resolve(ctx) };
+        let x = unsafe { View::required("x", x) }?;
+        let states = unsafe { View::required("conv_states", conv_states) }?;
+        let weight = unsafe { View::required("weight", weight) }?;
+        let bias = unsafe { View::optional("bias", bias) }?;
+        let indices = unsafe { View::optional("conv_state_indices", conv_state_indices) }?;
+        let accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
+        let out = unsafe { View::required("out", out) }?;
+        let silu = parse_activation(activation)?;
+
+        ensure!(
+            x.ndim == 2 || x.ndim == 3,
+            InvalidArgument,
+            "x.ndim = {}, expected 2 ([B, D]) or 3 ([B, Q, D]) (shape {:?})",
+            x.ndim,
+            x.dims()
+        );
+        x.expect_dtype(&[DType::F32, DType::BF16, DType::F16])?;
+        let three_d = x.ndim == 3;
+        let (b, q, d, act) = if three_d {
+            (x.shape[0], x.shape[1], x.shape[2], x.dtype)
+        } else {
+            (x.shape[0], 1, x.shape[1], x.dtype)
+        };
+        let (wm, bm, w) = parse_weights(act, d, &weight, bias.as_ref())?;
+        out.expect_ndim(x.ndim)?;
+        for dim in 0..x.ndim {
+            out.expect_dim(dim, x.shape[dim], &format!("x.shape[{dim}]"))?;
+        }
+        out.expect_dtype(&[act])?;
+        out.expect_no_self_overlap()?;
+        let num_slots = match &accepted {
+            Some(_) => parse_states(
+                &states,
+                act,
+                d,
+                (w - 2) + q,
+                "W-2+Q (speculative rolling buffer)",
+            )?,
+            None => parse_states(&states, act, d, w - 1, "W-1")?,
+        };
+        let inputs = [
+            Some(&x),
+            Some(&weight),
+            bias.as_ref(),
+            indices.as_ref(),
+            accepted.as_ref(),
+        ];
+        expect_disjoint_from(&out, &inputs)?;
+        expect_disjoint_from(&states, &inputs)?;
+        out.expect_disjoint(&states)?;
+        let slots = parse_slots(
+            "conv_state_indices",
+            indices.as_ref(),
+            b,
             pad_slot_id,
-            out,
-        )
+            Some(num_slots),
+        )?;
+        let accepted = match &accepted {
+            Some(a) => {
+                let n = a.read_indices(b, "number of sequences B")?;
+                for (i, &n) in n.iter().enumerate() {
+                    if slots[i].is_some() {
+                        ensure!(
+                            n >= 1 && n as u64 <= q as u64,
+                            InvalidArgument,
+                            "num_accepted_tokens[{i}] = {n}, expected 1 <= n <= Q = {q} (tokens per sequence)"
+                        );
+                    }
+                }
+                Some(n)
+            }
+            None => None,
+        };
+
+        let (x_tok, x_ch) = if three_d {
+            (x.strides[1], x.strides[2])
+        } else {
+            (0, x.strides[1])
+        };
+        let (out_tok, out_ch) = if three_d {
+            (out.strides[1], out.strides[2])
+        } else {
+            (0, out.strides[1])
+        };
+        let seqs = (0..b)
+            .map(|i| Seq {
+                x: elem_ptr(&x, &[i]),
+                out: elem_ptr(&out, &[i]),
+                len: q,
+                pad: slots[i].is_none(),
+                state: slots[i].map(|s| elem_ptr(&states, &[s])),
+                read_state: true,
+                update: match &accepted {
+                    Some(n) if slots[i].is_some() => StateUpdate::Rolling {
+                        accepted: n[i] as usize,
+                    },
+                    _ => StateUpdate::Append,
+                },
+            })
+            .collect();
+        let p = Problem {
+            act,
+            channels: d,
+            width: w,
+            silu,
+            x_tok,
+            x_ch,
+            out_tok,
+            out_ch,
+            weight: wm,
+            bias: bm,
+            state_dtype: states.dtype,
+            state_rows: states.shape[1],
+            state_row: states.strides[1],
+            state_ch: states.strides[2],
+            gates: None,
+            seqs,
+        };
+        conv::run(ctx, &p);
+        Ok(())
     })
 }

@@ -257,239 +257,200 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
 ) -> i32 {
-    guard(|| unsafe {
-        delta_rule_impl(
-            ctx,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale,
-            state,
-            cu_seqlens,
-            state_indices,
-            has_initial_state,
-            num_accepted_tokens,
-            flags,
-            l2norm_eps,
-            pad_slot_id,
-            out,
-        )
-    })
-}
+    guard(|| {
+        let ctx = unsafe { resolve(ctx) };
+        let q = unsafe { View::required("q", q) }?;
+        let k = unsafe { View::required("k", k) }?;
+        let v = unsafe { View::required("v", v) }?;
+        let g = unsafe { View::required("g", g) }?;
+        let beta = unsafe { View::required("beta", beta) }?;
+        let out = unsafe { View::required("out", out) }?;
+        let state = unsafe { View::optional("state", state) }?;
+        let cu_seqlens = unsafe { View::optional("cu_seqlens", cu_seqlens) }?;
+        let state_indices = unsafe { View::optional("state_indices", state_indices) }?;
+        let has_initial_state = unsafe { View::optional("has_initial_state", has_initial_state) }?;
+        let num_accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
 
-#[allow(clippy::too_many_arguments)]
-unsafe fn delta_rule_impl(
-    ctx: *const ssmk_context,
-    q: *const ssmk_tensor,
-    k: *const ssmk_tensor,
-    v: *const ssmk_tensor,
-    g: *const ssmk_tensor,
-    beta: *const ssmk_tensor,
-    scale: f32,
-    state: *mut ssmk_tensor,
-    cu_seqlens: *const ssmk_tensor,
-    state_indices: *const ssmk_tensor,
-    has_initial_state: *const ssmk_tensor,
-    num_accepted_tokens: *const ssmk_tensor,
-    flags: u32,
-    l2norm_eps: f32,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> Result<()> {
-    let ctx = unsafe { resolve(ctx) };
-    let q = unsafe { View::required("q", q) }?;
-    let k = unsafe { View::required("k", k) }?;
-    let v = unsafe { View::required("v", v) }?;
-    let g = unsafe { View::required("g", g) }?;
-    let beta = unsafe { View::required("beta", beta) }?;
-    let out = unsafe { View::required("out", out) }?;
-    let state = unsafe { View::optional("state", state) }?;
-    let cu_seqlens = unsafe { View::optional("cu_seqlens", cu_seqlens) }?;
-    let state_indices = unsafe { View::optional("state_indices", state_indices) }?;
-    let has_initial_state = unsafe { View::optional("has_initial_state", has_initial_state) }?;
-    let num_accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
-
-    q.expect_ndim(3)?;
-    q.expect_dtype(&FLOATS)?;
-    let (tokens, heads, k_dim) = (q.shape[0], q.shape[1], q.shape[2]);
-    ensure!(
-        heads >= 1,
-        InvalidArgument,
-        "q.shape[1] = 0, expected H >= 1"
-    );
-    ensure!(
-        k_dim >= 1,
-        InvalidArgument,
-        "q.shape[2] = 0, expected K >= 1"
-    );
-    expect_shape(
-        &k,
-        &[tokens, heads, k_dim],
-        &["T = q.shape[0]", "H = q.shape[1]", "K = q.shape[2]"],
-        &FLOATS,
-    )?;
-    v.expect_ndim(3)?;
-    v.expect_dtype(&FLOATS)?;
-    v.expect_dim(0, tokens, "T = q.shape[0]")?;
-    let (v_heads, v_dim) = (v.shape[1], v.shape[2]);
-    ensure!(
-        v_heads >= 1 && v_heads % heads == 0,
-        InvalidArgument,
-        "v.shape[1] = {v_heads}, expected HV >= 1 and a multiple of H = q.shape[1] = {heads}"
-    );
-    ensure!(
-        v_dim >= 1,
-        InvalidArgument,
-        "v.shape[2] = 0, expected V >= 1"
-    );
-    expect_shape(
-        &g,
-        &[tokens, v_heads],
-        &["T = q.shape[0]", "HV = v.shape[1]"],
-        &[DType::F32],
-    )?;
-    expect_shape(
-        &beta,
-        &[tokens, v_heads],
-        &["T = q.shape[0]", "HV = v.shape[1]"],
-        &FLOATS,
-    )?;
-    expect_shape(
-        &out,
-        &[tokens, v_heads, v_dim],
-        &["T = q.shape[0]", "HV = v.shape[1]", "V = v.shape[2]"],
-        &FLOATS,
-    )?;
-    if let Some(st) = &state {
-        st.expect_ndim(4)?;
-        st.expect_dim(1, v_heads, "HV = v.shape[1]")?;
-        st.expect_dim(2, k_dim, "K = q.shape[2]")?;
-        st.expect_dim(3, v_dim, "V = v.shape[2]")?;
-        st.expect_dtype(&FLOATS)?;
-    }
-    ensure!(
-        flags & !SSMK_GDN_QK_L2NORM == 0,
-        InvalidArgument,
-        "flags = {flags:#x}, expected 0 or SSMK_GDN_QK_L2NORM (1)"
-    );
-    ensure!(
-        scale.is_finite(),
-        InvalidArgument,
-        "scale = {scale}, expected a finite value (<= 0 selects 1/sqrt(K))"
-    );
-    let l2norm = flags & SSMK_GDN_QK_L2NORM != 0;
-    if l2norm {
+        q.expect_ndim(3)?;
+        q.expect_dtype(&FLOATS)?;
+        let (tokens, heads, k_dim) = (q.shape[0], q.shape[1], q.shape[2]);
         ensure!(
-            l2norm_eps.is_finite() && l2norm_eps >= 0.0,
+            heads >= 1,
             InvalidArgument,
-            "l2norm_eps = {l2norm_eps}, expected a finite value >= 0"
+            "q.shape[1] = 0, expected H >= 1"
         );
-    }
-    // Outputs: each element once, and never memory another tensor of the call uses.
-    out.expect_no_self_overlap()?;
-    for input in [&q, &k, &v, &g, &beta] {
-        out.expect_disjoint(input)?;
-    }
-    if let Some(st) = &state {
-        st.expect_no_self_overlap()?;
-        for input in [&q, &k, &v, &g, &beta, &out] {
-            st.expect_disjoint(input)?;
+        ensure!(
+            k_dim >= 1,
+            InvalidArgument,
+            "q.shape[2] = 0, expected K >= 1"
+        );
+        expect_shape(
+            &k,
+            &[tokens, heads, k_dim],
+            &["T = q.shape[0]", "H = q.shape[1]", "K = q.shape[2]"],
+            &FLOATS,
+        )?;
+        v.expect_ndim(3)?;
+        v.expect_dtype(&FLOATS)?;
+        v.expect_dim(0, tokens, "T = q.shape[0]")?;
+        let (v_heads, v_dim) = (v.shape[1], v.shape[2]);
+        ensure!(
+            v_heads >= 1 && v_heads % heads == 0,
+            InvalidArgument,
+            "v.shape[1] = {v_heads}, expected HV >= 1 and a multiple of H = q.shape[1] = {heads}"
+        );
+        ensure!(
+            v_dim >= 1,
+            InvalidArgument,
+            "v.shape[2] = 0, expected V >= 1"
+        );
+        expect_shape(
+            &g,
+            &[tokens, v_heads],
+            &["T = q.shape[0]", "HV = v.shape[1]"],
+            &[DType::F32],
+        )?;
+        expect_shape(
+            &beta,
+            &[tokens, v_heads],
+            &["T = q.shape[0]", "HV = v.shape[1]"],
+            &FLOATS,
+        )?;
+        expect_shape(
+            &out,
+            &[tokens, v_heads, v_dim],
+            &["T = q.shape[0]", "HV = v.shape[1]", "V = v.shape[2]"],
+            &FLOATS,
+        )?;
+        if let Some(st) = &state {
+            st.expect_ndim(4)?;
+            st.expect_dim(1, v_heads, "HV = v.shape[1]")?;
+            st.expect_dim(2, k_dim, "K = q.shape[2]")?;
+            st.expect_dim(3, v_dim, "V = v.shape[2]")?;
+            st.expect_dtype(&FLOATS)?;
         }
-    }
-
-    let starts = parse_starts("cu_seqlens", cu_seqlens.as_ref(), tokens)?;
-    let batch = starts.len() - 1;
-    let initial = parse_initial(has_initial_state.as_ref(), batch)?;
-    let num_slots = state.as_ref().map(|s| s.shape[0]);
-    if num_slots.is_none()
-        && let Some(b) = initial.iter().position(|&x| x)
-    {
-        bail!(
+        ensure!(
+            flags & !SSMK_GDN_QK_L2NORM == 0,
             InvalidArgument,
-            "has_initial_state[{b}] is true but state is NULL, expected a state pool to read"
+            "flags = {flags:#x}, expected 0 or SSMK_GDN_QK_L2NORM (1)"
         );
-    }
-    let lens: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-    let sequences = match &num_accepted {
-        None => {
-            if let Some(idx) = &state_indices {
-                ensure!(
-                    idx.ndim == 1,
-                    InvalidArgument,
-                    "state_indices.ndim = {}, expected 1 ([B]) without num_accepted_tokens",
-                    idx.ndim
-                );
+        ensure!(
+            scale.is_finite(),
+            InvalidArgument,
+            "scale = {scale}, expected a finite value (<= 0 selects 1/sqrt(K))"
+        );
+        let l2norm = flags & SSMK_GDN_QK_L2NORM != 0;
+        if l2norm {
+            ensure!(
+                l2norm_eps.is_finite() && l2norm_eps >= 0.0,
+                InvalidArgument,
+                "l2norm_eps = {l2norm_eps}, expected a finite value >= 0"
+            );
+        }
+        // Outputs: each element once, and never memory another tensor of the call uses.
+        out.expect_no_self_overlap()?;
+        for input in [&q, &k, &v, &g, &beta] {
+            out.expect_disjoint(input)?;
+        }
+        if let Some(st) = &state {
+            st.expect_no_self_overlap()?;
+            for input in [&q, &k, &v, &g, &beta, &out] {
+                st.expect_disjoint(input)?;
             }
-            let slots = parse_slots(
-                "state_indices",
-                state_indices.as_ref(),
-                batch,
-                pad_slot_id,
-                num_slots,
-            )?;
-            (0..batch)
-                .map(|b| match slots[b] {
-                    None => Sequence {
-                        start: starts[b],
-                        len: lens[b],
-                        padded: true,
-                        read: None,
-                        write: StateWrite::Nothing,
-                    },
-                    Some(slot) => Sequence {
-                        start: starts[b],
-                        len: lens[b],
-                        padded: false,
-                        read: initial[b].then_some(slot),
-                        write: if num_slots.is_some() {
-                            StateWrite::Final(slot)
-                        } else {
-                            StateWrite::Nothing
-                        },
-                    },
-                })
-                .collect()
         }
-        Some(accepted) => {
-            let accepted = accepted.read_indices(batch, "number of sequences B")?;
-            let Some(idx) = &state_indices else {
-                bail!(
-                    NullPointer,
-                    "state_indices is NULL, expected a [B, Smax] slot table with num_accepted_tokens"
-                );
-            };
-            idx.expect_ndim(2)?;
-            idx.expect_dim(0, batch, "number of sequences B")?;
-            speculative_sequences(idx, &starts, &accepted, &initial, pad_slot_id, num_slots)?
-        }
-    };
 
-    let scale = if scale <= 0.0 {
-        1.0 / (k_dim as f32).sqrt()
-    } else {
-        scale
-    };
-    let args = DeltaRule {
-        tokens,
-        heads,
-        v_heads,
-        k_dim,
-        v_dim,
-        q: strided(&q),
-        k: strided(&k),
-        v: strided(&v),
-        g: strided(&g),
-        beta: strided(&beta),
-        out: strided(&out),
-        state: state.as_ref().map(strided),
-        scale,
-        l2norm_eps: l2norm.then_some(l2norm_eps),
-        sequences,
-    };
-    // SAFETY: all shapes, slots and overlaps were checked above.
-    unsafe { gdn::gated_delta_rule(ctx, Isa::dispatch(), gdn::Path::current(), &args) }
+        let starts = parse_starts("cu_seqlens", cu_seqlens.as_ref(), tokens)?;
+        let batch = starts.len() - 1;
+        let initial = parse_initial(has_initial_state.as_ref(), batch)?;
+        let num_slots = state.as_ref().map(|s| s.shape[0]);
+        if num_slots.is_none()
+            && let Some(b) = initial.iter().position(|&x| x)
+        {
+            bail!(
+                InvalidArgument,
+                "has_initial_state[{b}] is true but state is NULL, expected a state pool to read"
+            );
+        }
+        let lens: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+        let sequences = match &num_accepted {
+            None => {
+                if let Some(idx) = &state_indices {
+                    ensure!(
+                        idx.ndim == 1,
+                        InvalidArgument,
+                        "state_indices.ndim = {}, expected 1 ([B]) without num_accepted_tokens",
+                        idx.ndim
+                    );
+                }
+                let slots = parse_slots(
+                    "state_indices",
+                    state_indices.as_ref(),
+                    batch,
+                    pad_slot_id,
+                    num_slots,
+                )?;
+                (0..batch)
+                    .map(|b| match slots[b] {
+                        None => Sequence {
+                            start: starts[b],
+                            len: lens[b],
+                            padded: true,
+                            read: None,
+                            write: StateWrite::Nothing,
+                        },
+                        Some(slot) => Sequence {
+                            start: starts[b],
+                            len: lens[b],
+                            padded: false,
+                            read: initial[b].then_some(slot),
+                            write: if num_slots.is_some() {
+                                StateWrite::Final(slot)
+                            } else {
+                                StateWrite::Nothing
+                            },
+                        },
+                    })
+                    .collect()
+            }
+            Some(accepted) => {
+                let accepted = accepted.read_indices(batch, "number of sequences B")?;
+                let Some(idx) = &state_indices else {
+                    bail!(
+                        NullPointer,
+                        "state_indices is NULL, expected a [B, Smax] slot table with num_accepted_tokens"
+                    );
+                };
+                idx.expect_ndim(2)?;
+                idx.expect_dim(0, batch, "number of sequences B")?;
+                speculative_sequences(idx, &starts, &accepted, &initial, pad_slot_id, num_slots)?
+            }
+        };
+
+        let scale = if scale <= 0.0 {
+            1.0 / (k_dim as f32).sqrt()
+        } else {
+            scale
+        };
+        let args = DeltaRule {
+            tokens,
+            heads,
+            v_heads,
+            k_dim,
+            v_dim,
+            q: strided(&q),
+            k: strided(&k),
+            v: strided(&v),
+            g: strided(&g),
+            beta: strided(&beta),
+            out: strided(&out),
+            state: state.as_ref().map(strided),
+            scale,
+            l2norm_eps: l2norm.then_some(l2norm_eps),
+            sequences,
+        };
+        // SAFETY: all shapes, slots and overlaps were checked above.
+        unsafe { gdn::gated_delta_rule(ctx, Isa::dispatch(), gdn::Path::current(), &args) }
+    })
 }
 
 /// Speculative mode: reads `[B, Smax]` and checks every slot the call will read or write.

@@ -1,72 +1,12 @@
 //! Export for LFM2's ShortConv core (ABI.md §4.7): `out = C * conv(B * x)` in one pass.
 
 use super::context::{resolve, ssmk_context};
-use super::conv::{PrefillArgs, prefill_problem};
+use super::conv::{OptionalArgs, PrefillArgs, prefill_problem};
 use super::guard::guard;
 use crate::dtype::DType;
 use crate::ensure;
-use crate::error::Result;
 use crate::kernels::conv::{self, Gates};
 use crate::tensor::{View, ssmk_tensor};
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn short_conv(
-    ctx: *const ssmk_context,
-    bcx: *const ssmk_tensor,
-    weight: *const ssmk_tensor,
-    bias: *const ssmk_tensor,
-    conv_states: *mut ssmk_tensor,
-    query_start_loc: *const ssmk_tensor,
-    cache_indices: *const ssmk_tensor,
-    has_initial_state: *const ssmk_tensor,
-    pad_slot_id: i64,
-    out: *mut ssmk_tensor,
-) -> Result<()> {
-    let ctx = unsafe { resolve(ctx) };
-    let bcx = unsafe { View::required("bcx", bcx) }?;
-    let weight = unsafe { View::required("weight", weight) }?;
-    let bias = unsafe { View::optional("bias", bias) }?;
-    let states = unsafe { View::optional("conv_states", conv_states) }?;
-    let starts = unsafe { View::optional("query_start_loc", query_start_loc) }?;
-    let indices = unsafe { View::optional("cache_indices", cache_indices) }?;
-    let initial = unsafe { View::optional("has_initial_state", has_initial_state) }?;
-    let out = unsafe { View::required("out", out) }?;
-    bcx.expect_ndim(2)?;
-    bcx.expect_dtype(&[DType::F32, DType::BF16, DType::F16])?;
-    ensure!(
-        bcx.shape[1] % 3 == 0,
-        InvalidArgument,
-        "bcx.shape[1] = {}, expected 3 * D (the columns B | C | x)",
-        bcx.shape[1]
-    );
-    let d = bcx.shape[1] / 3;
-    // The conv input is the x columns; B and C are read through the gates.
-    let mut x = bcx;
-    x.name = "bcx";
-    x.shape[1] = d;
-    x.ptr = x
-        .ptr
-        .wrapping_add(2 * d * bcx.strides[1] * bcx.dtype.size());
-    let mut p = prefill_problem(&PrefillArgs {
-        x: &x,
-        weight: &weight,
-        bias: bias.as_ref(),
-        states: states.as_ref(),
-        starts: starts.as_ref(),
-        indices: indices.as_ref(),
-        initial: initial.as_ref(),
-        silu: false,
-        pad_slot_id,
-        out: &out,
-        also_read: Some(&bcx),
-    })?;
-    p.gates = Some(Gates {
-        b_back: 2 * d * bcx.strides[1],
-        c_back: d * bcx.strides[1],
-    });
-    conv::run(ctx, &p);
-    Ok(())
-}
 
 /// LFM2 ShortConv core for a batch mixing decodes and prefills: for packed rows
 /// `bcx = [B | C | x]` (LFM2's in_proj output), `out = C * conv(B * x)` with the conv and state
@@ -120,18 +60,50 @@ pub unsafe extern "C" fn ssmk_short_conv(
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
 ) -> i32 {
-    guard(|| unsafe {
-        short_conv(
-            ctx,
-            bcx,
-            weight,
-            bias,
-            conv_states,
-            query_start_loc,
-            cache_indices,
-            has_initial_state,
+    guard(|| {
+        let ctx = unsafe { resolve(ctx) };
+        let bcx = unsafe { View::required("bcx", bcx) }?;
+        let weight = unsafe { View::required("weight", weight) }?;
+        let optional = unsafe {
+            OptionalArgs::read(
+                bias,
+                conv_states,
+                query_start_loc,
+                cache_indices,
+                has_initial_state,
+            )
+        }?;
+        let out = unsafe { View::required("out", out) }?;
+        bcx.expect_ndim(2)?;
+        bcx.expect_dtype(&[DType::F32, DType::BF16, DType::F16])?;
+        ensure!(
+            bcx.shape[1] % 3 == 0,
+            InvalidArgument,
+            "bcx.shape[1] = {}, expected 3 * D (the columns B | C | x)",
+            bcx.shape[1]
+        );
+        let d = bcx.shape[1] / 3;
+        // The conv input is the x columns; B and C are read through the gates.
+        let mut x = bcx;
+        x.name = "bcx";
+        x.shape[1] = d;
+        x.ptr = x
+            .ptr
+            .wrapping_add(2 * d * bcx.strides[1] * bcx.dtype.size());
+        let mut p = prefill_problem(&PrefillArgs {
+            x: &x,
+            weight: &weight,
+            optional: &optional,
+            silu: false,
             pad_slot_id,
-            out,
-        )
+            out: &out,
+            also_read: Some(&bcx),
+        })?;
+        p.gates = Some(Gates {
+            b_back: 2 * d * bcx.strides[1],
+            c_back: d * bcx.strides[1],
+        });
+        conv::run(ctx, &p);
+        Ok(())
     })
 }

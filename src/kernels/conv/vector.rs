@@ -1,5 +1,6 @@
 //! Vector kernels: channels in SIMD lanes, tokens in tiles of rows. One generic body over
-//! [`Simd`], instantiated per ISA by the `#[target_feature]` entry points at the bottom.
+//! [`Simd`], compiled per ISA, dtype pair and width into separate `#[target_feature]` functions
+//! (`isa_block!`) that the entry points at the bottom pick from.
 //!
 //! A task (token group × channel block) widens its block of weights and bias to f32 once, then
 //! walks each piece in tiles of `TILE_ROWS` consecutive tokens. For each channel vector of a tile

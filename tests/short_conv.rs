@@ -62,6 +62,15 @@ impl Case {
         }
     }
 
+    /// The cache indices and has_initial_state tensors of the batch.
+    fn slots_and_initial(&self) -> (Tensor, Tensor) {
+        let initial: Vec<i64> = self.initial.iter().map(|&i| i as i64).collect();
+        (
+            Tensor::ints(DType::I64, &self.slots),
+            Tensor::ints(DType::Bool, &initial),
+        )
+    }
+
     fn starts(&self) -> Tensor {
         let mut acc = 0i64;
         let v: Vec<i64> = std::iter::once(0)
@@ -83,11 +92,7 @@ impl Case {
         let states = self.states.clone();
         let (bcx, w, q) = (self.bcx.desc(), self.weight.desc(), self.starts());
         let b = self.bias.as_ref().map(Tensor::desc);
-        let idx = Tensor::ints(DType::I64, &self.slots);
-        let init = Tensor::ints(
-            DType::Bool,
-            &self.initial.iter().map(|&i| i as i64).collect::<Vec<_>>(),
-        );
+        let (idx, init) = self.slots_and_initial();
         let mut sd = states.as_ref().map(Tensor::desc);
         let mut od = out.desc();
         let (qd, id, hd) = (q.desc(), idx.desc(), init.desc());
@@ -124,11 +129,7 @@ impl Case {
         let states = self.states.clone();
         let (xd, w, q) = (bx.desc(), self.weight.desc(), self.starts());
         let b = self.bias.as_ref().map(Tensor::desc);
-        let idx = Tensor::ints(DType::I64, &self.slots);
-        let init = Tensor::ints(
-            DType::Bool,
-            &self.initial.iter().map(|&i| i as i64).collect::<Vec<_>>(),
-        );
+        let (idx, init) = self.slots_and_initial();
         let mut sd = states.as_ref().map(Tensor::desc);
         let mut yd = y.desc();
         let (qd, id, hd) = (q.desc(), idx.desc(), init.desc());

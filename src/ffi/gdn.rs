@@ -79,97 +79,72 @@ pub unsafe extern "C" fn ssmk_gdn_gating(
     g: *mut ssmk_tensor,
     beta: *mut ssmk_tensor,
 ) -> i32 {
-    guard(|| unsafe {
-        gating_impl(
-            ctx,
-            a_log,
-            a,
-            b,
-            dt_bias,
+    guard(|| {
+        let ctx = unsafe { resolve(ctx) };
+        let a_log = unsafe { View::required("A_log", a_log) }?;
+        let a = unsafe { View::required("a", a) }?;
+        let b = unsafe { View::required("b", b) }?;
+        let dt_bias = unsafe { View::required("dt_bias", dt_bias) }?;
+        let g = unsafe { View::required("g", g) }?;
+        let beta = unsafe { View::required("beta", beta) }?;
+        a_log.expect_ndim(1)?;
+        a_log.expect_dtype(&FLOATS)?;
+        let heads = a_log.shape[0];
+        a.expect_ndim(2)?;
+        let rows = a.shape[0];
+        expect_shape(&a, &[rows, heads], &["N", "HV = A_log.shape[0]"], &FLOATS)?;
+        expect_shape(
+            &b,
+            &[rows, heads],
+            &["N = a.shape[0]", "HV = A_log.shape[0]"],
+            &FLOATS,
+        )?;
+        expect_shape(&dt_bias, &[heads], &["HV = A_log.shape[0]"], &FLOATS)?;
+        expect_shape(
+            &g,
+            &[rows, heads],
+            &["N = a.shape[0]", "HV = A_log.shape[0]"],
+            &[DType::F32],
+        )?;
+        expect_shape(
+            &beta,
+            &[rows, heads],
+            &["N = a.shape[0]", "HV = A_log.shape[0]"],
+            &FLOATS,
+        )?;
+        ensure!(
+            softplus_beta.is_finite() && softplus_beta > 0.0,
+            InvalidArgument,
+            "softplus_beta = {softplus_beta}, expected a finite value > 0"
+        );
+        ensure!(
+            !softplus_threshold.is_nan(),
+            InvalidArgument,
+            "softplus_threshold = NaN, expected a number"
+        );
+        for out in [&g, &beta] {
+            out.expect_no_self_overlap()?;
+            for input in [&a_log, &a, &b, &dt_bias] {
+                out.expect_disjoint(input)?;
+            }
+        }
+        g.expect_disjoint(&beta)?;
+        let args = Gating {
+            rows,
+            heads,
+            a_log: strided(&a_log),
+            a: strided(&a),
+            b: strided(&b),
+            dt_bias: strided(&dt_bias),
             softplus_beta,
             softplus_threshold,
-            g,
-            beta,
-        )
+            g: strided(&g),
+            beta: strided(&beta),
+        };
+        // SAFETY: every index in [N, HV] / [HV] is inside the validated views; outputs are disjoint.
+        unsafe { gating::gdn_gating(ctx, &args) };
+        Ok(())
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn gating_impl(
-    ctx: *const ssmk_context,
-    a_log: *const ssmk_tensor,
-    a: *const ssmk_tensor,
-    b: *const ssmk_tensor,
-    dt_bias: *const ssmk_tensor,
-    softplus_beta: f32,
-    softplus_threshold: f32,
-    g: *mut ssmk_tensor,
-    beta: *mut ssmk_tensor,
-) -> Result<()> {
-    let ctx = unsafe { resolve(ctx) };
-    let a_log = unsafe { View::required("A_log", a_log) }?;
-    let a = unsafe { View::required("a", a) }?;
-    let b = unsafe { View::required("b", b) }?;
-    let dt_bias = unsafe { View::required("dt_bias", dt_bias) }?;
-    let g = unsafe { View::required("g", g) }?;
-    let beta = unsafe { View::required("beta", beta) }?;
-    a_log.expect_ndim(1)?;
-    a_log.expect_dtype(&FLOATS)?;
-    let heads = a_log.shape[0];
-    a.expect_ndim(2)?;
-    let rows = a.shape[0];
-    expect_shape(&a, &[rows, heads], &["N", "HV = A_log.shape[0]"], &FLOATS)?;
-    expect_shape(
-        &b,
-        &[rows, heads],
-        &["N = a.shape[0]", "HV = A_log.shape[0]"],
-        &FLOATS,
-    )?;
-    expect_shape(&dt_bias, &[heads], &["HV = A_log.shape[0]"], &FLOATS)?;
-    expect_shape(
-        &g,
-        &[rows, heads],
-        &["N = a.shape[0]", "HV = A_log.shape[0]"],
-        &[DType::F32],
-    )?;
-    expect_shape(
-        &beta,
-        &[rows, heads],
-        &["N = a.shape[0]", "HV = A_log.shape[0]"],
-        &FLOATS,
-    )?;
-    ensure!(
-        softplus_beta.is_finite() && softplus_beta > 0.0,
-        InvalidArgument,
-        "softplus_beta = {softplus_beta}, expected a finite value > 0"
-    );
-    ensure!(
-        !softplus_threshold.is_nan(),
-        InvalidArgument,
-        "softplus_threshold = NaN, expected a number"
-    );
-    for out in [&g, &beta] {
-        out.expect_no_self_overlap()?;
-        for input in [&a_log, &a, &b, &dt_bias] {
-            out.expect_disjoint(input)?;
-        }
-    }
-    g.expect_disjoint(&beta)?;
-    let args = Gating {
-        rows,
-        heads,
-        a_log: strided(&a_log),
-        a: strided(&a),
-        b: strided(&b),
-        dt_bias: strided(&dt_bias),
-        softplus_beta,
-        softplus_threshold,
-        g: strided(&g),
-        beta: strided(&beta),
-    };
-    // SAFETY: every index in [N, HV] / [HV] is inside the validated views; outputs are disjoint.
-    unsafe { gating::gdn_gating(ctx, &args) };
-    Ok(())
 }
 
 /// Runs the Gated DeltaNet recurrence over a batch that may mix decodes (length-1 sequences),

@@ -40,6 +40,10 @@ pub trait Simd: Copy + Send + Sync + 'static {
     unsafe fn store_bf16(p: *mut u16, v: Self::V);
     unsafe fn load_f16(p: *const u16) -> Self::V;
     unsafe fn store_f16(p: *mut u16, v: Self::V);
+    /// Lanes rounded to bf16 precision (what `store_bf16` then `load_bf16` give), in registers.
+    unsafe fn round_bf16(v: Self::V) -> Self::V;
+    /// Lanes rounded to f16 precision (what `store_f16` then `load_f16` give), in registers.
+    unsafe fn round_f16(v: Self::V) -> Self::V;
 
     /// `e^x` within 4e-7 relative error on [-87.3, 88.3]; below, the smallest normal (~1.2e-38), and
     /// above, ~2.4e38 (finite), so `x / (1 + exp(-x))` never divides infinity by infinity.
@@ -87,6 +91,8 @@ unsafe fn exp_generic<S: Simd>(x: S::V) -> S::V {
 pub trait SimdElement: Element {
     unsafe fn load<S: Simd>(p: *const Self) -> S::V;
     unsafe fn store<S: Simd>(p: *mut Self, v: S::V);
+    /// Lanes rounded to this type's precision: what a store and a load give, without memory.
+    unsafe fn round<S: Simd>(v: S::V) -> S::V;
 }
 
 impl SimdElement for f32 {
@@ -97,6 +103,10 @@ impl SimdElement for f32 {
     #[inline(always)]
     unsafe fn store<S: Simd>(p: *mut Self, v: S::V) {
         unsafe { S::store_f32(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn round<S: Simd>(v: S::V) -> S::V {
+        v
     }
 }
 
@@ -109,6 +119,10 @@ impl SimdElement for bf16 {
     unsafe fn store<S: Simd>(p: *mut Self, v: S::V) {
         unsafe { S::store_bf16(p.cast(), v) }
     }
+    #[inline(always)]
+    unsafe fn round<S: Simd>(v: S::V) -> S::V {
+        unsafe { S::round_bf16(v) }
+    }
 }
 
 impl SimdElement for f16 {
@@ -119,6 +133,10 @@ impl SimdElement for f16 {
     #[inline(always)]
     unsafe fn store<S: Simd>(p: *mut Self, v: S::V) {
         unsafe { S::store_f16(p.cast(), v) }
+    }
+    #[inline(always)]
+    unsafe fn round<S: Simd>(v: S::V) -> S::V {
+        unsafe { S::round_f16(v) }
     }
 }
 
@@ -140,6 +158,24 @@ mod x86 {
     /// AVX-512 F/BW/VL/DQ, 16 lanes.
     #[derive(Clone, Copy, Debug)]
     pub struct Avx512;
+
+    /// f32 lanes whose high halves are the lanes rounded to nearest-even bf16 (NaNs quieted).
+    #[inline(always)]
+    unsafe fn bf16_high_halves(v: __m256) -> __m256i {
+        let b = _mm256_castps_si256(v);
+        // Round to nearest-even: add 0x7fff plus the lowest kept bit, i.e. 0x8000 minus one when
+        // that bit is clear (a compare, not a shift: shifts share two pipes with the widening).
+        let lsb = _mm256_and_si256(b, _mm256_set1_epi32(0x1_0000));
+        let clear = _mm256_cmpeq_epi32(lsb, _mm256_setzero_si256());
+        let r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x8000)), clear);
+        if !Avx2::any_nan(v) {
+            return r;
+        }
+        // The carry would corrupt a NaN: keep its high half, quieted.
+        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        let quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000));
+        _mm256_blendv_epi8(r, quiet, nan)
+    }
 
     impl Simd for Avx2 {
         const LANES: usize = 8;
@@ -212,21 +248,20 @@ mod x86 {
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: __m256) {
             unsafe {
-                let b = _mm256_castps_si256(v);
-                // Round to nearest-even: add 0x7fff plus the lowest kept bit, keep the high half.
-                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
-                let mut r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
-                if Self::any_nan(v) {
-                    // The carry would corrupt a NaN: keep its high half, quieted.
-                    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-                    let quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000));
-                    r = _mm256_blendv_epi8(r, quiet, nan);
-                }
-                let r = _mm256_srli_epi32::<16>(r);
+                let r = _mm256_srli_epi32::<16>(bf16_high_halves(v));
                 let packed =
                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
                 _mm_storeu_si128(p.cast(), packed);
             }
+        }
+        #[inline(always)]
+        unsafe fn round_bf16(v: __m256) -> __m256 {
+            let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+            _mm256_castsi256_ps(_mm256_and_si256(bf16_high_halves(v), high))
+        }
+        #[inline(always)]
+        unsafe fn round_f16(v: __m256) -> __m256 {
+            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> __m256 {
@@ -256,6 +291,17 @@ mod x86 {
         unsafe fn any_nan(v: __m256) -> bool {
             _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) != 0
         }
+    }
+
+    /// [`bf16_high_halves`] for AVX-512.
+    #[inline(always)]
+    unsafe fn bf16_high_halves_512(v: __m512) -> __m512i {
+        let b = _mm512_castps_si512(v);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+        let rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        let quiet = _mm512_or_si512(b, _mm512_set1_epi32(0x0040_0000));
+        _mm512_mask_blend_epi32(nan, rounded, quiet)
     }
 
     impl Simd for Avx512 {
@@ -327,14 +373,18 @@ mod x86 {
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: __m512) {
             unsafe {
-                let b = _mm512_castps_si512(v);
-                let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-                let rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-                let quiet = _mm512_or_si512(b, _mm512_set1_epi32(0x0040_0000));
-                let r = _mm512_srli_epi32::<16>(_mm512_mask_blend_epi32(nan, rounded, quiet));
+                let r = _mm512_srli_epi32::<16>(bf16_high_halves_512(v));
                 _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(r));
             }
+        }
+        #[inline(always)]
+        unsafe fn round_bf16(v: __m512) -> __m512 {
+            let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+            _mm512_castsi512_ps(_mm512_and_si512(bf16_high_halves_512(v), high))
+        }
+        #[inline(always)]
+        unsafe fn round_f16(v: __m512) -> __m512 {
+            _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> __m512 {
@@ -411,6 +461,20 @@ mod tests {
                     }
                 }
                 let mut back = vec![0f32; n];
+                S::store_f32(back.as_mut_ptr(), S::round_bf16(v));
+                for i in 0..n {
+                    let want = bf16::from_bits(b[i]).to_f32();
+                    assert!(
+                        back[i].to_bits() == want.to_bits() || want.is_nan() && back[i].is_nan()
+                    );
+                }
+                S::store_f32(back.as_mut_ptr(), S::round_f16(v));
+                for i in 0..n {
+                    let want = f16::from_bits(h[i]).to_f32();
+                    assert!(
+                        back[i].to_bits() == want.to_bits() || want.is_nan() && back[i].is_nan()
+                    );
+                }
                 S::store_f32(back.as_mut_ptr(), S::load_bf16(b.as_ptr()));
                 for i in 0..n {
                     assert_eq!(back[i].to_bits(), bf16::from_bits(b[i]).to_f32().to_bits());

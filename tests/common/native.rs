@@ -21,7 +21,7 @@ pub fn built_library() -> PathBuf {
     lib
 }
 
-/// A private directory per test binary holding the library under its real file name, its SONAME
+/// A private directory per test process holding the library under its real file name, its SONAME
 /// (`libssmk.so.0`) and the link name (`libssmk.so`), as an install would lay them out.
 pub fn staged_lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -32,7 +32,9 @@ pub fn staged_lib_dir() -> &'static Path {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("stage-{name}"));
+        // Per process: nextest runs each test of a binary in its own process, concurrently.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("stage-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let real = format!("libssmk.so.{}", env!("CARGO_PKG_VERSION"));

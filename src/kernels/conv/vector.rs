@@ -98,26 +98,13 @@ pub struct Gated {
     pub c_back: usize,
 }
 
-/// Lanes rounded to the precision of `A` (identity for f32): what storing them in `A` keeps.
-#[inline(always)]
-unsafe fn round_lanes<S: Simd, A: SimdElement>(v: S::V) -> S::V {
-    if A::DTYPE == DType::F32 {
-        return v;
-    }
-    let mut tmp = [A::from_f32(0.0); MAX_LANES];
-    unsafe {
-        A::store::<S>(tmp.as_mut_ptr(), v);
-        A::load::<S>(tmp.as_ptr())
-    }
-}
-
 impl RowIo for Gated {
     #[inline(always)]
     unsafe fn load<S: Simd, A: SimdElement>(&self, row: *const A, c: usize) -> S::V {
         unsafe {
             let x = A::load::<S>(row.add(c));
             let b = A::load::<S>(row.add(c).wrapping_sub(self.b_back));
-            round_lanes::<S, A>(S::mul(b, x))
+            A::round::<S>(S::mul(b, x))
         }
     }
     #[inline(always)]
@@ -132,7 +119,7 @@ impl RowIo for Gated {
     unsafe fn store<S: Simd, A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: S::V) {
         unsafe {
             let gate = A::load::<S>(row.add(c).wrapping_sub(self.c_back));
-            A::store::<S>(out.add(c), S::mul(gate, round_lanes::<S, A>(v)))
+            A::store::<S>(out.add(c), S::mul(gate, A::round::<S>(v)))
         }
     }
     #[inline(always)]

@@ -17,6 +17,8 @@ use crate::dtype::Element;
 /// CPU supports the implementation's ISA and that pointers cover `LANES` elements.
 pub trait Simd: Copy + Send + Sync + 'static {
     const LANES: usize;
+    /// How many `V` values the vector register file holds.
+    const VECTORS_IN_REGISTERS: usize = 16;
     type V: Copy;
 
     unsafe fn splat(x: f32) -> Self::V;
@@ -36,6 +38,18 @@ pub trait Simd: Copy + Send + Sync + 'static {
 
     unsafe fn load_f32(p: *const f32) -> Self::V;
     unsafe fn store_f32(p: *mut f32, v: Self::V);
+    /// Channel (within a vector of `LANES` channels) that lane `l` holds: `l` unless the
+    /// implementation keeps its lanes in another order.
+    #[inline(always)]
+    fn lane_channel(l: usize) -> usize {
+        l
+    }
+    /// `LANES` f32 values stored in lane order (see [`Simd::lane_channel`]), e.g. weights a
+    /// kernel rearranged once; for the natural order the same as `load_f32`.
+    #[inline(always)]
+    unsafe fn load_lane_order(p: *const f32) -> Self::V {
+        unsafe { Self::load_f32(p) }
+    }
     unsafe fn load_bf16(p: *const u16) -> Self::V;
     unsafe fn store_bf16(p: *mut u16, v: Self::V);
     unsafe fn load_f16(p: *const u16) -> Self::V;
@@ -141,7 +155,7 @@ impl SimdElement for f16 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use x86::{Avx2, Avx512};
+pub use x86::{Avx2, Avx2Pairs, Avx512};
 
 #[cfg(target_arch = "x86_64")]
 // Every method below is a thin wrapper over intrinsics whose only precondition is the ISA, which
@@ -293,6 +307,123 @@ mod x86 {
         }
     }
 
+    /// AVX2 with 16 lanes in two registers, the even channels of a 16-channel group and then the
+    /// odd ones. A bf16 pair in a 32-bit word widens with one shift (even) and one mask (odd) and
+    /// narrows with one blend, where the natural order needs cross-lane widening and packing on
+    /// the two pipes that also shift. The bf16 conv kernels use it: measured on Zen 3 against the
+    /// natural order in one process, the decode update takes 0.84x the time, prefill 0.90x and
+    /// ShortConv 0.92x.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Avx2Pairs;
+
+    /// `[even, odd]` channels of the 16 consecutive f32 `lo ++ hi`.
+    #[inline(always)]
+    unsafe fn deinterleave(lo: __m256, hi: __m256) -> [__m256; 2] {
+        let even = _mm256_shuffle_ps::<0b10_00_10_00>(lo, hi);
+        let odd = _mm256_shuffle_ps::<0b11_01_11_01>(lo, hi);
+        [quarters_in_order(even), quarters_in_order(odd)]
+    }
+
+    /// Swaps the middle two 64-bit quarters (its own inverse).
+    #[inline(always)]
+    unsafe fn quarters_in_order(v: __m256) -> __m256 {
+        _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(v)))
+    }
+
+    /// The 16 consecutive channels `[lo, hi]` of `[even, odd]`: inverse of [`deinterleave`].
+    #[inline(always)]
+    unsafe fn interleave(v: [__m256; 2]) -> [__m256; 2] {
+        let (e, o) = (quarters_in_order(v[0]), quarters_in_order(v[1]));
+        [_mm256_unpacklo_ps(e, o), _mm256_unpackhi_ps(e, o)]
+    }
+
+    /// `Avx2::$op` on both halves.
+    macro_rules! both_halves {
+        ($($op:ident($($arg:ident),+);)+) => {$(
+            #[inline(always)]
+            unsafe fn $op($($arg: [__m256; 2]),+) -> [__m256; 2] {
+                [Avx2::$op($($arg[0]),+), Avx2::$op($($arg[1]),+)]
+            }
+        )+};
+    }
+
+    impl Simd for Avx2Pairs {
+        const LANES: usize = 16;
+        const VECTORS_IN_REGISTERS: usize = 8;
+        type V = [__m256; 2];
+
+        both_halves! {
+            add(a, b); sub(a, b); mul(a, b); div(a, b); fma(a, b, c); fms(a, b, c);
+            max(a, b); min(a, b); round_bf16(v); round_f16(v); pow2i(n); round(x);
+            exponent_from_low_bits(t);
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> [__m256; 2] {
+            [Avx2::splat(x); 2]
+        }
+        #[inline(always)]
+        unsafe fn zero() -> [__m256; 2] {
+            [Avx2::zero(); 2]
+        }
+        #[inline(always)]
+        unsafe fn reduce_sum(a: [__m256; 2]) -> f32 {
+            Avx2::reduce_sum(_mm256_add_ps(a[0], a[1]))
+        }
+        #[inline(always)]
+        fn lane_channel(l: usize) -> usize {
+            if l < 8 { 2 * l } else { 2 * (l - 8) + 1 }
+        }
+        #[inline(always)]
+        unsafe fn load_lane_order(p: *const f32) -> [__m256; 2] {
+            [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+        }
+        #[inline(always)]
+        unsafe fn load_f32(p: *const f32) -> [__m256; 2] {
+            deinterleave(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+        }
+        #[inline(always)]
+        unsafe fn store_f32(p: *mut f32, v: [__m256; 2]) {
+            let [lo, hi] = interleave(v);
+            _mm256_storeu_ps(p, lo);
+            _mm256_storeu_ps(p.add(8), hi);
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> [__m256; 2] {
+            let pairs = _mm256_loadu_si256(p.cast());
+            let odd = _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff_0000_u32 as i32));
+            [
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(pairs)),
+                _mm256_castsi256_ps(odd),
+            ]
+        }
+        #[inline(always)]
+        unsafe fn store_bf16(p: *mut u16, v: [__m256; 2]) {
+            let even = _mm256_srli_epi32::<16>(bf16_high_halves(v[0]));
+            let pairs = _mm256_blend_epi16::<0b1010_1010>(even, bf16_high_halves(v[1]));
+            _mm256_storeu_si256(p.cast(), pairs);
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> [__m256; 2] {
+            let lo = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+            let hi = _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast()));
+            deinterleave(lo, hi)
+        }
+        #[inline(always)]
+        unsafe fn store_f16(p: *mut u16, v: [__m256; 2]) {
+            let [lo, hi] = interleave(v);
+            Avx2::store_f16(p, lo);
+            Avx2::store_f16(p.add(8), hi);
+        }
+        #[inline(always)]
+        unsafe fn any_nan(v: [__m256; 2]) -> bool {
+            let nan = _mm256_or_ps(
+                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]),
+                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[1], v[1]),
+            );
+            _mm256_movemask_ps(nan) != 0
+        }
+    }
+
     /// [`bf16_high_halves`] for AVX-512.
     #[inline(always)]
     unsafe fn bf16_high_halves_512(v: __m512) -> __m512i {
@@ -305,6 +436,7 @@ mod x86 {
     }
 
     impl Simd for Avx512 {
+        const VECTORS_IN_REGISTERS: usize = 32;
         const LANES: usize = 16;
         type V = __m512;
 
@@ -497,9 +629,9 @@ mod tests {
             unsafe { S::store_f32(out.as_mut_ptr(), S::exp(S::load_f32(xs.as_ptr()))) };
             for i in 0..n {
                 let want = (xs[i] as f64).exp();
-                if xs[i] < -87.3 {
+                if xs[i] < -87.336_55 {
                     assert!(out[i] <= 1.21e-38, "exp({}) = {}", xs[i], out[i]);
-                } else if xs[i] > 88.3 {
+                } else if xs[i] > 88.376_26 {
                     assert!(
                         out[i] > 2e38 && out[i].is_finite(),
                         "exp({}) = {}",
@@ -522,6 +654,8 @@ mod tests {
         }
         unsafe { with_avx2(check_roundtrips::<Avx2>) };
         unsafe { with_avx2(check_exp::<Avx2>) };
+        unsafe { with_avx2(check_roundtrips::<Avx2Pairs>) };
+        unsafe { with_avx2(check_exp::<Avx2Pairs>) };
         let v: Vec<f32> = (1..=8).map(|i| i as f32).collect();
         assert_eq!(
             unsafe { with_avx2(|| Avx2::reduce_sum(Avx2::load_f32(v.as_ptr()))) },

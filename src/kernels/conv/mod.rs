@@ -57,6 +57,28 @@ impl Matrix {
     pub unsafe fn get(&self, i: usize, j: usize) -> f32 {
         unsafe { load_f32(self.ptr, self.dtype, i * self.s0 + j * self.s1) }
     }
+
+    /// Rows `i0..i0 + out.len()` of column `j` as f32, with one dtype dispatch for the whole
+    /// column (kernels widen a block of taps per task; per element it cost more than a decode).
+    ///
+    /// # Safety
+    /// Those elements lie inside the validated array.
+    pub unsafe fn column(&self, j: usize, i0: usize, out: &mut [f32]) {
+        unsafe fn read<E: crate::dtype::Element>(m: &Matrix, j: usize, i0: usize, out: &mut [f32]) {
+            let base = m.ptr.cast::<E>().wrapping_add(j * m.s1);
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = unsafe { base.add((i0 + i) * m.s0).read() }.to_f32();
+            }
+        }
+        unsafe {
+            match self.dtype {
+                DType::F32 => read::<f32>(self, j, i0, out),
+                DType::BF16 => read::<half::bf16>(self, j, i0, out),
+                DType::F16 => read::<half::f16>(self, j, i0, out),
+                d => unreachable!("validated float dtype {d:?}"),
+            }
+        }
+    }
 }
 
 /// Reads element `index` of a float array of `dtype` as f32.

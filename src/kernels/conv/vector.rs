@@ -3,7 +3,9 @@
 //! (`isa_block!`) that the entry points at the bottom pick from.
 //!
 //! A task (token group × channel block) widens its block of weights and bias to f32 once, then
-//! walks each piece in tiles of `TILE_ROWS` consecutive tokens. For each channel vector of a tile
+//! walks each piece in tiles of `TILE_ROWS` consecutive tokens (half as many when a vector takes
+//! two registers, as bf16 does on AVX2: `Avx2Pairs`, channel pairs that widen and narrow without
+//! cross-lane shuffles, with the taps laid out in its lane order). For each channel vector of a tile
 //! it loads the `W-1+TILE_ROWS` inputs of the tile's windows once into registers and computes all
 //! the tile's outputs from them, so an input is converted once per tile rather than once per tap,
 //! and silu runs on `TILE_ROWS` independent vectors at a time (its dependency chain is long).
@@ -19,7 +21,7 @@ use half::{bf16, f16};
 use super::reference::output as scalar_output;
 use super::{MAX_WIDTH, Piece, Plan, Problem, Seq, StateUpdate};
 use crate::dtype::DType;
-use crate::kernels::simd::{Avx2, Avx512, Simd, SimdElement};
+use crate::kernels::simd::{Avx2, Avx2Pairs, Avx512, Simd, SimdElement};
 
 /// Widest vector supported (AVX-512, f32 lanes).
 const MAX_LANES: usize = 16;
@@ -351,13 +353,13 @@ macro_rules! by_width {
     };
 }
 
-/// The block kernel `$f` for problem `$p`'s dtypes and width.
+/// The block kernel for problem `$p`'s dtypes and width: `$bf` for bf16 activations, else `$f`.
 macro_rules! block_for {
-    ($f:ident, $Io:ty, $p:expr) => {
+    ($f:ident, $bf:ident, $Io:ty, $p:expr) => {
         match ($p.act, $p.state_dtype) {
             (DType::F32, _) => by_width!($f, f32, f32, $Io, $p.width),
-            (DType::BF16, DType::F32) => by_width!($f, bf16, f32, $Io, $p.width),
-            (DType::BF16, _) => by_width!($f, bf16, bf16, $Io, $p.width),
+            (DType::BF16, DType::F32) => by_width!($bf, bf16, f32, $Io, $p.width),
+            (DType::BF16, _) => by_width!($bf, bf16, bf16, $Io, $p.width),
             (DType::F16, DType::F32) => by_width!($f, f16, f32, $Io, $p.width),
             (DType::F16, _) => by_width!($f, f16, f16, $Io, $p.width),
             (a, s) => unreachable!("validated dtypes {a:?}/{s:?}"),
@@ -385,6 +387,8 @@ macro_rules! isa_block {
 }
 
 isa_block!(block_avx2, Avx2, "avx2,fma,f16c");
+// bf16 on AVX2 keeps channel pairs together (see `Avx2Pairs`).
+isa_block!(block_avx2_pairs, Avx2Pairs, "avx2,fma,f16c");
 isa_block!(
     block_avx512,
     Avx512,
@@ -401,13 +405,22 @@ struct Taps {
 }
 
 impl Taps {
-    fn new<const W: usize>(p: &Problem, c0: usize, cn: usize) -> Taps {
+    fn new<S: Simd, const W: usize>(p: &Problem, c0: usize, cn: usize) -> Taps {
         let mut values = vec![0f32; (W + 1) * cn];
-        for j in 0..cn {
-            for k in 0..W {
-                values[k * cn + j] = unsafe { p.weight.get(c0 + j, k) };
+        for (k, row) in values.chunks_exact_mut(cn).enumerate() {
+            match (k < W, p.bias) {
+                (true, _) => unsafe { p.weight.column(k, c0, row) },
+                (false, Some(bias)) => unsafe { bias.column(0, c0, row) },
+                (false, None) => {}
             }
-            values[W * cn + j] = p.bias.map_or(0.0, |m| unsafe { m.get(c0 + j, 0) });
+            if (0..S::LANES).any(|l| S::lane_channel(l) != l) {
+                for lanes in row.chunks_exact_mut(S::LANES) {
+                    let channels: [f32; MAX_LANES] = std::array::from_fn(|l| lanes[l % S::LANES]);
+                    for (l, v) in lanes.iter_mut().enumerate() {
+                        *v = channels[S::lane_channel(l)];
+                    }
+                }
+            }
         }
         Taps {
             values,
@@ -432,7 +445,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
     cn: usize,
     io: &Io,
 ) {
-    let taps = Taps::new::<W>(p, c0, cn);
+    let taps = Taps::new::<S, W>(p, c0, cn);
     for pc in pieces {
         let s = &p.seqs[pc.seq];
         if s.pad {
@@ -440,9 +453,18 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
             continue;
         }
         let mut t = pc.t0;
-        while t + TILE_ROWS <= pc.t1 {
-            unsafe { tile::<S, A, St, Io, W, TILE_ROWS>(p, s, t, c0, cn, &taps, io) };
-            t += TILE_ROWS;
+        if S::VECTORS_IN_REGISTERS < 16 {
+            // Two-register vectors (bf16 channel pairs): half the tile keeps the window in
+            // registers (measured: tiles of 4 spill and lose ~5%).
+            while t + TILE_ROWS / 2 <= pc.t1 {
+                unsafe { tile::<S, A, St, Io, W, { TILE_ROWS / 2 }>(p, s, t, c0, cn, &taps, io) };
+                t += TILE_ROWS / 2;
+            }
+        } else {
+            while t + TILE_ROWS <= pc.t1 {
+                unsafe { tile::<S, A, St, Io, W, TILE_ROWS>(p, s, t, c0, cn, &taps, io) };
+                t += TILE_ROWS;
+            }
         }
         for t in t..pc.t1 {
             unsafe { tile::<S, A, St, Io, W, 1>(p, s, t, c0, cn, &taps, io) };
@@ -554,9 +576,9 @@ unsafe fn tile_rows<
             for (k, xk) in xv.iter_mut().enumerate().take(window) {
                 *xk = win.load::<S, A, Io>(k, io, c);
             }
-            let mut acc = [S::load_f32(tap[W].add(v)); R];
+            let mut acc = [S::load_lane_order(tap[W].add(v)); R];
             for k in 0..W {
-                let wk = S::load_f32(tap[k].add(v));
+                let wk = S::load_lane_order(tap[k].add(v));
                 for r in 0..R {
                     acc[r] = S::fma(wk, xv[r + k], acc[r]);
                 }
@@ -720,13 +742,29 @@ unsafe fn write_state<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `p` is validated and `i < plan.tasks()`.
 pub unsafe fn task_avx2(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { run_task(p, plan, i, &Plain, block_for!(block_avx2, Plain, p)) }
+    unsafe {
+        run_task(
+            p,
+            plan,
+            i,
+            &Plain,
+            block_for!(block_avx2, block_avx2_pairs, Plain, p),
+        )
+    }
 }
 
 /// # Safety
 /// As for [`task_avx2`], with AVX-512 F/BW/VL/DQ.
 pub unsafe fn task_avx512(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { run_task(p, plan, i, &Plain, block_for!(block_avx512, Plain, p)) }
+    unsafe {
+        run_task(
+            p,
+            plan,
+            i,
+            &Plain,
+            block_for!(block_avx512, block_avx512, Plain, p),
+        )
+    }
 }
 
 /// [`task_avx2`] for ShortConv (`p.gates` is set).
@@ -734,7 +772,15 @@ pub unsafe fn task_avx512(p: &Problem, plan: &Plan, i: usize) {
 /// # Safety
 /// As for [`task_avx2`].
 pub unsafe fn task_gated_avx2(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { run_task(p, plan, i, &gated(p), block_for!(block_avx2, Gated, p)) }
+    unsafe {
+        run_task(
+            p,
+            plan,
+            i,
+            &gated(p),
+            block_for!(block_avx2, block_avx2_pairs, Gated, p),
+        )
+    }
 }
 
 /// [`task_avx512`] for ShortConv (`p.gates` is set).
@@ -742,5 +788,13 @@ pub unsafe fn task_gated_avx2(p: &Problem, plan: &Plan, i: usize) {
 /// # Safety
 /// As for [`task_avx512`].
 pub unsafe fn task_gated_avx512(p: &Problem, plan: &Plan, i: usize) {
-    unsafe { run_task(p, plan, i, &gated(p), block_for!(block_avx512, Gated, p)) }
+    unsafe {
+        run_task(
+            p,
+            plan,
+            i,
+            &gated(p),
+            block_for!(block_avx512, block_avx512, Gated, p),
+        )
+    }
 }

@@ -483,27 +483,28 @@ fn speculative_sequences(
             });
             continue;
         };
-        let check = |col: usize, role: &str| -> Result<usize> {
+        // The role is formatted only on failure (this runs per token of every sequence).
+        let check = |col: usize, role: &dyn Fn() -> String| -> Result<usize> {
             let s = row[col];
             ensure!(
                 s >= 0 && (s as u64) < num_slots as u64,
                 OutOfBounds,
-                "state_indices[{b}][{col}] = {s} ({role}), expected 0 <= slot < {num_slots} (state slots)"
+                "state_indices[{b}][{col}] = {s} ({}), expected 0 <= slot < {num_slots} (state slots)",
+                role()
             );
             Ok(s as usize)
         };
         let read = if initial[b] {
             let col = (n - 1).max(0) as usize;
-            Some(check(
-                col,
-                &format!("read slot for num_accepted_tokens[{b}] = {n}"),
-            )?)
+            Some(check(col, &|| {
+                format!("read slot for num_accepted_tokens[{b}] = {n}")
+            })?)
         } else {
             None
         };
         let mut slots = Vec::with_capacity(len);
         for t in 0..len {
-            let s = check(t, &format!("written after token {t}"))?;
+            let s = check(t, &|| format!("written after token {t}"))?;
             writes.push((s, b, t));
             slots.push(s);
         }

@@ -83,22 +83,24 @@ pub fn parse_slots(
             slots.push(None);
             continue;
         }
-        let what = if indices.is_some() {
-            format!("{name}[{b}]")
-        } else {
-            format!("implicit slot of sequence {b} ({name} is NULL)")
+        // Named only on failure: formatting per sequence showed up in decode-sized calls.
+        let what = || match indices {
+            Some(_) => format!("{name}[{b}]"),
+            None => format!("implicit slot of sequence {b} ({name} is NULL)"),
         };
         if let Some(n) = num_slots {
             ensure!(
                 s >= 0 && (s as u64) < n as u64,
                 OutOfBounds,
-                "{what} = {s}, expected 0 <= slot < {n} (state slots) or pad_slot_id = {pad_slot_id}"
+                "{} = {s}, expected 0 <= slot < {n} (state slots) or pad_slot_id = {pad_slot_id}",
+                what()
             );
         } else {
             ensure!(
                 s >= 0,
                 OutOfBounds,
-                "{what} = {s}, expected a slot >= 0 or pad_slot_id = {pad_slot_id}"
+                "{} = {s}, expected a slot >= 0 or pad_slot_id = {pad_slot_id}",
+                what()
             );
         }
         slots.push(Some(s as usize));

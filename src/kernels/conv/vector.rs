@@ -246,6 +246,54 @@ trait Window: Copy {
     unsafe fn load<S: Simd, A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V;
     /// Channel `c` of row `k`.
     unsafe fn load1<A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32;
+    /// Called once the outputs of channels `c..c+n` are stored (nothing by default).
+    #[inline(always)]
+    unsafe fn stored(&self, _c: usize, _n: usize) {}
+}
+
+/// A decode's window (state rows `0..W-1`, then the token's row of x), which also appends the
+/// token to the state channel by channel as soon as the output has read it: row `k` takes row
+/// `k+1` while both are in L1, instead of a second pass over the state after the whole block.
+#[derive(Clone, Copy)]
+struct DecodeRows<A> {
+    rows: Rows<A>,
+    history: usize,
+}
+
+impl<A: SimdElement> Window for DecodeRows<A> {
+    #[inline(always)]
+    unsafe fn load<S: Simd, B: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V {
+        unsafe { self.rows.load::<S, B, Io>(k, io, c) }
+    }
+    #[inline(always)]
+    unsafe fn load1<B: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32 {
+        unsafe { self.rows.load1::<B, Io>(k, io, c) }
+    }
+    #[inline(always)]
+    unsafe fn stored(&self, c: usize, n: usize) {
+        for k in 0..self.history {
+            let (from, to) = (self.rows.0[k + 1], self.rows.0[k].cast_mut());
+            // SAFETY: rows 0..history are the slot's state rows, which this task owns.
+            unsafe { std::ptr::copy_nonoverlapping(from.add(c), to.add(c), n) };
+        }
+    }
+}
+
+/// Whether `tokens` of `s` are a decode that [`DecodeRows`] appends to its state (x's bits kept in a
+/// contiguous state of x's dtype), so [`write_state`] must not.
+#[inline(always)]
+fn appends_in_tile<A: SimdElement, St: SimdElement, Io: RowIo>(
+    p: &Problem,
+    s: &Seq,
+    tokens: std::ops::Range<usize>,
+) -> bool {
+    Io::RAW_INPUT
+        && A::DTYPE == St::DTYPE
+        && p.state_ch == 1
+        && (tokens.start, tokens.end, s.len) == (0, 1, 1)
+        && s.read_state
+        && s.state.is_some()
+        && matches!(s.update, StateUpdate::Append)
 }
 
 /// Rows all read through the [`RowIo`], channel `c` at `row + c`: token rows, and history rows of
@@ -469,7 +517,9 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
         for t in t..pc.t1 {
             unsafe { tile::<S, A, St, Io, W, 1>(p, s, t, c0, cn, &taps, io) };
         }
-        if let (0, Some(state)) = (pc.t0, s.state) {
+        if let (0, Some(state)) = (pc.t0, s.state)
+            && !appends_in_tile::<A, St, Io>(p, s, pc.t0..pc.t1)
+        {
             unsafe { write_state::<S, A, St, Io>(p, s, state.cast::<St>(), c0, cn, io) };
         }
     }
@@ -520,7 +570,15 @@ unsafe fn tile<
     }
     unsafe {
         if plain {
-            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &rows)
+            if appends_in_tile::<A, St, Io>(p, s, t..t + R) {
+                let rows = DecodeRows {
+                    rows,
+                    history: W - 1,
+                };
+                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &rows)
+            } else {
+                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &rows)
+            }
         } else {
             // Only a sequence's first tiles (or gated or converted history) get here: one row at a
             // time keeps the code small.
@@ -589,6 +647,7 @@ unsafe fn tile_rows<
             for r in 0..R {
                 io.store::<S, A>(orows[r], xrows[r], c, acc[r]);
             }
+            win.stored(c, S::LANES);
         }
         v += S::LANES;
     }
@@ -601,6 +660,7 @@ unsafe fn tile_rows<
             let y = scalar_output(&w, &x, bias, p.silu);
             unsafe { io.store1::<A>(orows[r], xrows[r], c, y) };
         }
+        unsafe { win.stored(c, 1) };
     }
 }
 

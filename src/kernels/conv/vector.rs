@@ -355,6 +355,38 @@ impl<St: SimdElement> Window for Sources<St> {
     }
 }
 
+/// History rows from the state (contiguous channels) or zeros, then token rows through the
+/// [`RowIo`]: the windows of decodes and of a sequence's first tiles whose state does not hold x's
+/// bits (a state of another dtype, or ShortConv's gated input).
+#[derive(Clone, Copy)]
+struct Split<St> {
+    history: [*const St; MAX_WINDOW],
+    inputs: [*const u8; MAX_WINDOW],
+    /// Rows `0..n_history` are history.
+    n_history: usize,
+}
+
+impl<St: SimdElement> Window for Split<St> {
+    #[inline(always)]
+    unsafe fn load<S: Simd, A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V {
+        unsafe {
+            match k < self.n_history {
+                true => St::load::<S>(self.history[k].add(c)),
+                false => io.load::<S, A>(self.inputs[k].cast::<A>(), c),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn load1<A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32 {
+        unsafe {
+            match k < self.n_history {
+                true => self.history[k].add(c).read().to_f32(),
+                false => io.load1::<A>(self.inputs[k].cast::<A>(), c),
+            }
+        }
+    }
+}
+
 /// The input row at time `rel` of a sequence (negative: history).
 #[inline(always)]
 fn source<A, St>(p: &Problem, s: &Seq, rel: isize) -> Source<St> {
@@ -579,9 +611,10 @@ unsafe fn tile<
             } else {
                 tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &rows)
             }
+        } else if let Some(split) = split::<St>(&sources, window, c0, taps) {
+            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &split)
         } else {
-            // Only a sequence's first tiles (or gated or converted history) get here: one row at a
-            // time keeps the code small.
+            // Only a strided state gets here: one row at a time keeps the code small.
             for r in 0..R {
                 let mut one = sources;
                 one.rows.copy_within(r..r + W, 0);
@@ -589,6 +622,39 @@ unsafe fn tile<
             }
         }
     }
+}
+
+/// `sources` as a [`Split`] window, if they are history rows of contiguous channels (or zeros)
+/// followed by token rows.
+#[inline(always)]
+fn split<St: SimdElement>(
+    sources: &Sources<St>,
+    window: usize,
+    c0: usize,
+    taps: &Taps,
+) -> Option<Split<St>> {
+    if sources.state_ch != 1 {
+        return None;
+    }
+    let mut split = Split {
+        history: [std::ptr::null(); MAX_WINDOW],
+        inputs: [std::ptr::null(); MAX_WINDOW],
+        n_history: 0,
+    };
+    for (k, src) in sources.rows.iter().enumerate().take(window) {
+        match *src {
+            Source::Input(row) => split.inputs[k] = row,
+            history if k == split.n_history => {
+                split.history[k] = match history {
+                    Source::State(row) => row,
+                    _ => taps.zeros.as_ptr().cast::<St>().wrapping_sub(c0),
+                };
+                split.n_history += 1;
+            }
+            _ => return None,
+        }
+    }
+    Some(split)
 }
 
 /// [`tile`] with its window rows.

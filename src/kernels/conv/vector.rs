@@ -136,6 +136,7 @@ impl RowIo for Gated {
     unsafe fn prefetch<A: SimdElement>(&self, row: *const A, c: usize) {
         prefetch(row.wrapping_add(c));
         prefetch(row.wrapping_add(c).wrapping_sub(self.b_back));
+        prefetch(row.wrapping_add(c).wrapping_sub(self.c_back));
     }
 }
 
@@ -683,6 +684,10 @@ unsafe fn tile_rows<
     let orows: [*mut A; R] = std::array::from_fn(|r| out.wrapping_add((t + r) * p.out_tok));
     let xrows: [*const A; R] = std::array::from_fn(|r| x.wrapping_add((t + r) * p.x_tok));
     let line = 64 / size_of::<A>();
+    // Runs of at most a page per row are too short for the hardware prefetchers to ramp up on:
+    // also ask for the next tile's rows (measured: ShortConv at D=1024 0.8x the time; with 16 KiB
+    // rows it cost 4%).
+    let short_runs = cn * size_of::<A>() <= 4096;
     let vec_end = cn / S::LANES * S::LANES;
     let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(W)));
     let mut v = 0;
@@ -694,6 +699,9 @@ unsafe fn tile_rows<
                 // the hardware prefetchers follow. (Past the row's end this is only a hint.)
                 for xr in xrows {
                     io.prefetch::<A>(xr, c + PREFETCH_LINES * line);
+                    if short_runs {
+                        io.prefetch::<A>(xr.wrapping_add(R * p.x_tok), c);
+                    }
                 }
             }
             let mut xv = [S::zero(); MAX_WINDOW];

@@ -50,6 +50,11 @@ pub trait Simd: Copy + Send + Sync + 'static {
     unsafe fn load_lane_order(p: *const f32) -> Self::V {
         unsafe { Self::load_f32(p) }
     }
+    /// Stores the lanes as they are, for [`Simd::load_lane_order`] to load back.
+    #[inline(always)]
+    unsafe fn store_lane_order(p: *mut f32, v: Self::V) {
+        unsafe { Self::store_f32(p, v) }
+    }
     unsafe fn load_bf16(p: *const u16) -> Self::V;
     unsafe fn store_bf16(p: *mut u16, v: Self::V);
     unsafe fn load_f16(p: *const u16) -> Self::V;
@@ -376,6 +381,11 @@ mod x86 {
         #[inline(always)]
         unsafe fn load_lane_order(p: *const f32) -> [__m256; 2] {
             [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+        }
+        #[inline(always)]
+        unsafe fn store_lane_order(p: *mut f32, v: [__m256; 2]) {
+            _mm256_storeu_ps(p, v[0]);
+            _mm256_storeu_ps(p.add(8), v[1]);
         }
         #[inline(always)]
         unsafe fn load_f32(p: *const f32) -> [__m256; 2] {

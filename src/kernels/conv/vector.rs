@@ -14,7 +14,8 @@
 //! is expensive (a column walk touches one line per page). A window row before the sequence start
 //! comes from the state (or is zero), the rest from `x`; the state is written only after all of a
 //! piece's outputs are stored, by the task holding the sequence's first piece. Channels past the
-//! last full vector take a scalar path with the same order of multiply-adds.
+//! last full vector take a scalar path with the same order of multiply-adds. ShortConv's gated
+//! inputs are computed once: a tile keeps its last `W-1` for the next ([`KeptInputs`]).
 
 use half::{bf16, f16};
 
@@ -527,6 +528,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
     io: &Io,
 ) {
     let taps = Taps::new::<S, W>(p, c0, cn);
+    let mut kept = None;
     for pc in pieces {
         let s = &p.seqs[pc.seq];
         if s.pad {
@@ -534,19 +536,23 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
             continue;
         }
         let tokens = pc.t0..pc.t1;
+        // Gated pieces of more than one token keep their inputs for the next tile.
+        let cursor = (!Io::RAW_INPUT && pc.t1 - pc.t0 > 1).then(|| {
+            kept.get_or_insert_with(|| KeptInputs::new(W - 1, cn))
+                .start()
+        });
+        let kept = cursor.as_ref();
         // Two-register vectors (bf16 channel pairs): half the tile keeps the window in registers
         // (measured: tiles of 4 spill and lose ~5%).
         let t = match S::VECTORS_IN_REGISTERS < 16 {
             true => unsafe {
-                tiles::<S, A, St, Io, W, { TILE_ROWS / 2 }>(p, s, tokens, c0, cn, &taps, io)
+                tiles::<S, A, St, Io, W, { TILE_ROWS / 2 }>(p, s, tokens, c0, cn, &taps, kept, io)
             },
             false => unsafe {
-                tiles::<S, A, St, Io, W, TILE_ROWS>(p, s, tokens, c0, cn, &taps, io)
+                tiles::<S, A, St, Io, W, TILE_ROWS>(p, s, tokens, c0, cn, &taps, kept, io)
             },
         };
-        for t in t..pc.t1 {
-            unsafe { tile::<S, A, St, Io, W, 1>(p, s, t, c0, cn, &taps, io) };
-        }
+        unsafe { tiles::<S, A, St, Io, W, 1>(p, s, t..pc.t1, c0, cn, &taps, kept, io) };
         if let (0, Some(state)) = (pc.t0, s.state)
             && !appends_in_tile::<A, St, Io>(p, s, pc.t0..pc.t1)
         {
@@ -555,7 +561,9 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
     }
 }
 
-/// Whole tiles of `R` tokens from the start of `tokens`; returns the first token left over.
+/// Whole tiles of `R` tokens from the start of `tokens`; returns the first token left over. With
+/// [`KeptInputs`] (gated inputs), a tile after the piece's first reads its history there and keeps
+/// its own last `W-1` inputs there for the next.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tiles<
@@ -572,14 +580,162 @@ unsafe fn tiles<
     c0: usize,
     cn: usize,
     taps: &Taps,
+    kept: Option<&KeptCursor>,
     io: &Io,
 ) -> usize {
     let mut t = tokens.start;
     while t + R <= tokens.end {
-        unsafe { tile::<S, A, St, Io, W, R>(p, s, t, c0, cn, taps, io) };
+        match kept {
+            Some(r) if r.ready.get() => unsafe {
+                kept_tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, r, io)
+            },
+            _ => unsafe {
+                tile::<S, A, St, Io, W, R>(p, s, t, c0, cn, taps, io);
+                // Only when another tile follows (not for a decode).
+                if let Some(r) = kept.filter(|_| t + R < tokens.end) {
+                    fill_kept::<S, A, St, Io, W>(p, s, t + R, c0, cn, r, io);
+                }
+            },
+        }
         t += R;
     }
     t
+}
+
+/// Keeps the history of token `t` (its `W-1` preceding inputs) for the next tile.
+#[inline(always)]
+unsafe fn fill_kept<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: usize>(
+    p: &Problem,
+    s: &Seq,
+    t: usize,
+    c0: usize,
+    cn: usize,
+    kept: &KeptCursor,
+    io: &Io,
+) {
+    let mut history = Sources {
+        rows: [Source::<St>::Zero; MAX_WINDOW],
+        state_ch: p.state_ch,
+    };
+    for (k, row) in history.rows.iter_mut().enumerate().take(W - 1) {
+        *row = source::<A, St>(p, s, t as isize + k as isize - (W as isize - 1));
+    }
+    let vec_end = cn / S::LANES * S::LANES;
+    for k in 0..W - 1 {
+        unsafe {
+            for v in (0..vec_end).step_by(S::LANES) {
+                let value = history.load::<S, A, Io>(k, io, c0 + v);
+                S::store_lane_order(kept.at(k, v), value);
+            }
+            for j in vec_end..cn {
+                kept.at(k, j).write(history.load1::<A, Io>(k, io, c0 + j));
+            }
+        }
+    }
+    kept.ready.set(true);
+}
+
+/// The conv inputs of the last `W-1` tokens a task computed, per block channel, as f32 (full
+/// vectors in their lane order). ShortConv's inputs are gated (`round(B * x)`), which costs more
+/// than a round trip through L1, so a tile after a piece's first reads its history rows here
+/// instead of gating them again. Row `k` (history entry `k`, oldest first) at `k * cn`.
+struct KeptInputs {
+    values: Vec<f32>,
+    cn: usize,
+}
+
+impl KeptInputs {
+    /// Room for `history` rows of `cn` channels.
+    fn new(history: usize, cn: usize) -> KeptInputs {
+        KeptInputs {
+            values: vec![0.0; history * cn],
+            cn,
+        }
+    }
+
+    /// Access for one piece, which starts with nothing kept.
+    fn start(&mut self) -> KeptCursor {
+        KeptCursor {
+            values: self.values.as_mut_ptr(),
+            cn: self.cn,
+            ready: std::cell::Cell::new(false),
+        }
+    }
+}
+
+/// A [`KeptInputs`] in use: `ready` once it holds the history of the next tile.
+struct KeptCursor {
+    values: *mut f32,
+    cn: usize,
+    ready: std::cell::Cell<bool>,
+}
+
+impl KeptCursor {
+    /// Row `k`, block channel `j`.
+    #[inline(always)]
+    fn at(&self, k: usize, j: usize) -> *mut f32 {
+        self.values.wrapping_add(k * self.cn + j)
+    }
+}
+
+/// A tile's window with the history rows in [`KeptInputs`], and token rows through the [`RowIo`].
+#[derive(Clone, Copy)]
+struct KeptRows {
+    kept: *const f32,
+    cn: usize,
+    c0: usize,
+    history: usize,
+    inputs: [*const u8; MAX_WINDOW],
+}
+
+impl Window for KeptRows {
+    #[inline(always)]
+    unsafe fn load<S: Simd, A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V {
+        unsafe {
+            match k < self.history {
+                true => S::load_lane_order(self.kept.add(k * self.cn + c - self.c0)),
+                false => io.load::<S, A>(self.inputs[k].cast::<A>(), c),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn load1<A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32 {
+        unsafe {
+            match k < self.history {
+                true => self.kept.add(k * self.cn + c - self.c0).read(),
+                false => io.load1::<A>(self.inputs[k].cast::<A>(), c),
+            }
+        }
+    }
+}
+
+/// Outputs of tokens `t..t+R` with the history in [`KeptInputs`], which then keep this tile's
+/// last inputs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kept_tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R: usize>(
+    p: &Problem,
+    s: &Seq,
+    t: usize,
+    c0: usize,
+    cn: usize,
+    taps: &Taps,
+    kept: &KeptCursor,
+    io: &Io,
+) {
+    let window = KeptRows {
+        kept: kept.values,
+        cn: kept.cn,
+        c0,
+        history: W - 1,
+        inputs: std::array::from_fn(|k| {
+            let row = (t + k).wrapping_sub(W - 1);
+            s.x.cast::<A>()
+                .wrapping_add(row.wrapping_mul(p.x_tok))
+                .cast()
+        }),
+    };
+    unsafe { tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, Some(kept), io, &window) }
 }
 
 /// Outputs of tokens `t..t+R` of sequence `s`, channels `c0..c0+cn`: through plain row pointers
@@ -632,18 +788,18 @@ unsafe fn tile<
                     rows,
                     history: W - 1,
                 };
-                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &rows)
+                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
             } else {
-                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &rows)
+                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
             }
         } else if let Some(split) = split::<St>(&sources, window, c0, taps) {
-            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, io, &split)
+            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &split)
         } else {
             // Only a strided state gets here: one row at a time keeps the code small.
             for r in 0..R {
                 let mut one = sources;
                 one.rows.copy_within(r..r + W, 0);
-                tile_rows::<S, A, Io, _, W, 1>(p, s, t + r, c0, cn, taps, io, &one);
+                tile_rows::<S, A, Io, _, W, 1>(p, s, t + r, c0, cn, taps, None, io, &one);
             }
         }
     }
@@ -699,10 +855,12 @@ unsafe fn tile_rows<
     c0: usize,
     cn: usize,
     taps: &Taps,
+    keep: Option<&KeptCursor>,
     io: &Io,
     win: &Win,
 ) {
     let window = W - 1 + R;
+    let keep = keep.filter(|_| !Io::RAW_INPUT);
     let x = s.x.cast::<A>();
     let out = s.out.cast::<A>();
     let orows: [*mut A; R] = std::array::from_fn(|r| out.wrapping_add((t + r) * p.out_tok));
@@ -732,6 +890,11 @@ unsafe fn tile_rows<
             for (k, xk) in xv.iter_mut().enumerate().take(window) {
                 *xk = win.load::<S, A, Io>(k, io, c);
             }
+            if let Some(kept) = keep {
+                for k in 0..W - 1 {
+                    S::store_lane_order(kept.at(k, v), xv[R + k]);
+                }
+            }
             let mut acc = [S::load_lane_order(tap[W].add(v)); R];
             for k in 0..W {
                 let wk = S::load_lane_order(tap[k].add(v));
@@ -757,6 +920,17 @@ unsafe fn tile_rows<
             let x: [f32; W] = std::array::from_fn(|k| unsafe { win.load1::<A, Io>(r + k, io, c) });
             let y = scalar_output(&w, &x, bias, p.silu);
             unsafe { io.store1::<A>(orows[r], xrows[r], c, y) };
+        }
+        if let Some(kept) = keep {
+            let inputs: [f32; W] = std::array::from_fn(|k| unsafe {
+                match k < W - 1 {
+                    true => win.load1::<A, Io>(R + k, io, c),
+                    false => 0.0,
+                }
+            });
+            for (k, v) in inputs.iter().take(W - 1).enumerate() {
+                unsafe { kept.at(k, j).write(*v) };
+            }
         }
         unsafe { win.stored(c, 1) };
     }

@@ -181,19 +181,39 @@ mod x86 {
     /// f32 lanes whose high halves are the lanes rounded to nearest-even bf16 (NaNs quieted).
     #[inline(always)]
     unsafe fn bf16_high_halves(v: __m256) -> __m256i {
+        match Avx2::any_nan(v) {
+            false => bf16_rne(v),
+            true => bf16_rne_keeping_nans(v),
+        }
+    }
+
+    /// [`bf16_high_halves`] of both registers of a pair, with one NaN check for the two.
+    #[inline(always)]
+    unsafe fn bf16_high_halves_pair(v: [__m256; 2]) -> [__m256i; 2] {
+        let either_nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[1]);
+        match _mm256_movemask_ps(either_nan) != 0 {
+            false => [bf16_rne(v[0]), bf16_rne(v[1])],
+            true => [bf16_rne_keeping_nans(v[0]), bf16_rne_keeping_nans(v[1])],
+        }
+    }
+
+    /// Round to nearest-even in the high halves, wrong for NaNs: add 0x7fff plus the lowest kept
+    /// bit, i.e. 0x8000 minus one when that bit is clear (a compare, not a shift: shifts share two
+    /// pipes with the widening).
+    #[inline(always)]
+    unsafe fn bf16_rne(v: __m256) -> __m256i {
         let b = _mm256_castps_si256(v);
-        // Round to nearest-even: add 0x7fff plus the lowest kept bit, i.e. 0x8000 minus one when
-        // that bit is clear (a compare, not a shift: shifts share two pipes with the widening).
         let lsb = _mm256_and_si256(b, _mm256_set1_epi32(0x1_0000));
         let clear = _mm256_cmpeq_epi32(lsb, _mm256_setzero_si256());
-        let r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x8000)), clear);
-        if !Avx2::any_nan(v) {
-            return r;
-        }
-        // The carry would corrupt a NaN: keep its high half, quieted.
+        _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x8000)), clear)
+    }
+
+    /// [`bf16_rne`], except that a NaN, which the carry would corrupt, keeps its high half, quieted.
+    #[inline(always)]
+    unsafe fn bf16_rne_keeping_nans(v: __m256) -> __m256i {
         let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-        let quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000));
-        _mm256_blendv_epi8(r, quiet, nan)
+        let quiet = _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x0040_0000));
+        _mm256_blendv_epi8(bf16_rne(v), quiet, nan)
     }
 
     impl Simd for Avx2 {
@@ -359,7 +379,7 @@ mod x86 {
 
         both_halves! {
             add(a, b); sub(a, b); mul(a, b); div(a, b); fma(a, b, c); fms(a, b, c);
-            max(a, b); min(a, b); round_bf16(v); round_f16(v); pow2i(n); round(x);
+            max(a, b); min(a, b); round_f16(v); pow2i(n); round(x);
             exponent_from_low_bits(t);
         }
         #[inline(always)]
@@ -388,6 +408,11 @@ mod x86 {
             _mm256_storeu_ps(p.add(8), v[1]);
         }
         #[inline(always)]
+        unsafe fn round_bf16(v: [__m256; 2]) -> [__m256; 2] {
+            let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+            bf16_high_halves_pair(v).map(|h| _mm256_castsi256_ps(_mm256_and_si256(h, high)))
+        }
+        #[inline(always)]
         unsafe fn load_f32(p: *const f32) -> [__m256; 2] {
             deinterleave(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
         }
@@ -408,8 +433,8 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: [__m256; 2]) {
-            let even = _mm256_srli_epi32::<16>(bf16_high_halves(v[0]));
-            let pairs = _mm256_blend_epi16::<0b1010_1010>(even, bf16_high_halves(v[1]));
+            let [even, odd] = bf16_high_halves_pair(v);
+            let pairs = _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(even), odd);
             _mm256_storeu_si256(p.cast(), pairs);
         }
         #[inline(always)]

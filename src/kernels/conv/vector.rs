@@ -528,7 +528,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
     io: &Io,
 ) {
     let taps = Taps::new::<S, W>(p, c0, cn);
-    let mut kept = None;
+    let mut kept_inputs = None;
     for pc in pieces {
         let s = &p.seqs[pc.seq];
         if s.pad {
@@ -538,8 +538,9 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
         let tokens = pc.t0..pc.t1;
         // Gated pieces of more than one token keep their inputs for the next tile.
         let cursor = (!Io::RAW_INPUT && pc.t1 - pc.t0 > 1).then(|| {
-            kept.get_or_insert_with(|| KeptInputs::new(W - 1, cn))
-                .start()
+            kept_inputs
+                .get_or_insert_with(|| KeptInputs::new(W - 1, cn))
+                .start(pc.t0)
         });
         let kept = cursor.as_ref();
         // Two-register vectors (bf16 channel pairs): half the tile keeps the window in registers
@@ -586,7 +587,8 @@ unsafe fn tiles<
     let mut t = tokens.start;
     while t + R <= tokens.end {
         match kept {
-            Some(r) if r.ready.get() => unsafe {
+            // A tile after the piece's first: the one before kept (or filled) its history.
+            Some(r) if t > r.piece_start => unsafe {
                 kept_tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, r, io)
             },
             _ => unsafe {
@@ -632,7 +634,6 @@ unsafe fn fill_kept<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W
             }
         }
     }
-    kept.ready.set(true);
 }
 
 /// The conv inputs of the last `W-1` tokens a task computed, per block channel, as f32 (full
@@ -653,21 +654,21 @@ impl KeptInputs {
         }
     }
 
-    /// Access for one piece, which starts with nothing kept.
-    fn start(&mut self) -> KeptCursor {
+    /// Access for the piece starting at token `piece_start`.
+    fn start(&mut self, piece_start: usize) -> KeptCursor {
         KeptCursor {
             values: self.values.as_mut_ptr(),
             cn: self.cn,
-            ready: std::cell::Cell::new(false),
+            piece_start,
         }
     }
 }
 
-/// A [`KeptInputs`] in use: `ready` once it holds the history of the next tile.
+/// A [`KeptInputs`] in use by one piece: from its second tile on, it holds the tile's history.
 struct KeptCursor {
     values: *mut f32,
     cn: usize,
-    ready: std::cell::Cell<bool>,
+    piece_start: usize,
 }
 
 impl KeptCursor {

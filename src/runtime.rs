@@ -95,6 +95,25 @@ fn detect() -> Isa {
 thread_local! {
     /// The level [`with_isa`] forces on this thread, if any.
     static FORCED_ISA: Cell<Option<Isa>> = const { Cell::new(None) };
+    /// Set by [`with_every_call_parallel`].
+    static EVERY_CALL_PARALLEL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with `key` set to `value` on this thread, restoring the previous value even if `f`
+/// unwinds.
+fn with_thread_local<T: Copy + 'static, R>(
+    key: &'static std::thread::LocalKey<Cell<T>>,
+    value: T,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: Copy + 'static>(&'static std::thread::LocalKey<Cell<T>>, T);
+    impl<T: Copy + 'static> Drop for Restore<T> {
+        fn drop(&mut self) {
+            self.0.set(self.1);
+        }
+    }
+    let _restore = Restore(key, key.replace(value));
+    f()
 }
 
 /// Runs `f` with every ssmk call it makes on this thread dispatching to the kernels of `isa`
@@ -103,15 +122,20 @@ thread_local! {
 /// the same validation and dispatch as any caller. The level is chosen on the calling thread
 /// before any task starts, so it holds for work spread over a context's pool too.
 pub fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
-    /// Restores the previous level even if `f` unwinds.
-    struct Restore(Option<Isa>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            FORCED_ISA.set(self.0);
-        }
-    }
-    let _restore = Restore(FORCED_ISA.replace(Some(isa.min(Isa::detected()))));
-    f()
+    with_thread_local(&FORCED_ISA, Some(isa.min(Isa::detected())), f)
+}
+
+/// Runs `f` with every ssmk call it makes on this thread spreading its tasks over the context's
+/// threads however small the call. Kernels otherwise keep small calls on the calling thread,
+/// where waking the pool would cost more than it saves; tests use this to check that results do
+/// not depend on the thread count on problems of any size.
+pub fn with_every_call_parallel<R>(f: impl FnOnce() -> R) -> R {
+    with_thread_local(&EVERY_CALL_PARALLEL, true, f)
+}
+
+/// Whether [`with_every_call_parallel`] is in force on this thread.
+pub(crate) fn every_call_parallel() -> bool {
+    EVERY_CALL_PARALLEL.get()
 }
 
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.

@@ -16,7 +16,7 @@ use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
 use ssmk::ffi::conv::*;
 use ssmk::ffi::status::*;
-use ssmk::runtime::Isa;
+use ssmk::runtime::{Isa, with_every_call_parallel};
 use ssmk::tensor::ssmk_tensor;
 
 fn desc(t: &Option<Tensor>) -> Option<ssmk_tensor> {
@@ -573,7 +573,7 @@ fn one_and_two_threads_are_bitwise_equal() {
         let mut a = s.build();
         let mut b = a.dup();
         a.run(&c1, None);
-        b.run(&c2, None);
+        with_every_call_parallel(|| b.run(&c2, None));
         assert!(
             a.out.storage == b.out.storage
                 && a.states.unwrap().storage == b.states.unwrap().storage,
@@ -586,7 +586,7 @@ fn one_and_two_threads_are_bitwise_equal() {
         ));
         let mut v = u.dup();
         u.run(&c1, None);
-        v.run(&c2, None);
+        with_every_call_parallel(|| v.run(&c2, None));
         assert!(
             u.out.storage == v.out.storage && u.states.storage == v.states.storage,
             "update {act:?}"

@@ -13,7 +13,7 @@ use ssmk::dtype::DType;
 use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
 use ssmk::ffi::short_conv::ssmk_short_conv;
 use ssmk::ffi::status::*;
-use ssmk::runtime::Isa;
+use ssmk::runtime::{Isa, with_every_call_parallel};
 use ssmk::tensor::ssmk_tensor;
 
 /// One call's inputs. `slots[b] == -1` pads sequence `b`.
@@ -227,7 +227,7 @@ fn every_isa_and_thread_count_agrees() {
     let want = case.composed(&Ctx::new(1));
     for isa in Isa::supported() {
         for threads in [1, 2, 3] {
-            let got = case.fused(&Ctx::new(threads), Some(isa));
+            let got = with_every_call_parallel(|| case.fused(&Ctx::new(threads), Some(isa)));
             assert_same(&case, &got, &want, &format!("{isa:?} threads={threads}"));
         }
     }

@@ -38,6 +38,12 @@ const TASKS_PER_THREAD: usize = 4;
 pub(crate) const PIECE_TOKENS: usize = 256;
 /// Work (tokens plus state rows) gathered into one token group before a new one starts.
 pub(crate) const GROUP_COST: usize = 512;
+/// Fewest outputs (tokens x channels) worth spreading over threads. Waking the pool cost 10-40 us
+/// on the 2-core machine this was measured on: a single decode at D = 1024 took 8 us on one
+/// thread and 17-29 on two, 16 decodes 20 us and 31-39; at 64K outputs (~70-100 us) two threads
+/// at best broke even (LFM2's 64-sequence decode step: 67-101 us on one, 81-154 on two), and
+/// 16 decodes at D = 8192 (128K outputs) took 180 us on one and 121 on two.
+pub(crate) const MIN_PARALLEL_OUTPUTS: usize = 1 << 17;
 
 /// A 2-D strided array of floats: element `(i, j)` at `ptr + (i * s0 + j * s1) * size`.
 #[derive(Clone, Copy, Debug)]
@@ -338,10 +344,25 @@ fn run_tasks(ctx: &Context, p: &Problem, task: TaskFn) {
         // Strided channels: the portable path is correct for any layout.
         return run_reference(ctx, p);
     }
-    let plan = Plan::new(p, ctx.threads());
+    let threads = parallel_threads(p, ctx.threads());
+    let plan = Plan::new(p, threads);
     // SAFETY: the entry's ISA is at most the detected one (conv_fn clamps); tasks touch disjoint
     // outputs and slots (see the module docs).
-    ctx.for_each(plan.tasks(), |i| unsafe { task(p, &plan, i) });
+    let run = |i| unsafe { task(p, &plan, i) };
+    match threads {
+        1 => (0..plan.tasks()).for_each(run),
+        _ => ctx.for_each(plan.tasks(), run),
+    }
+}
+
+/// The threads worth using for `p` out of `threads`: one for a small call
+/// ([`MIN_PARALLEL_OUTPUTS`]) unless [`crate::runtime::with_every_call_parallel`] is in force.
+fn parallel_threads(p: &Problem, threads: usize) -> usize {
+    let outputs = p.seqs.iter().map(|s| s.len).sum::<usize>() * p.channels;
+    match outputs < MIN_PARALLEL_OUTPUTS && !crate::runtime::every_call_parallel() {
+        true => 1,
+        false => threads,
+    }
 }
 
 #[cfg(test)]
@@ -382,6 +403,18 @@ mod tests {
             gates: None,
             seqs: lens.iter().map(|&l| seq(l)).collect(),
         }
+    }
+
+    #[test]
+    fn small_calls_stay_on_one_thread() {
+        let small = problem(&[1; 64], true);
+        assert_eq!(parallel_threads(&small, 2), 1);
+        assert_eq!(
+            crate::runtime::with_every_call_parallel(|| parallel_threads(&small, 2)),
+            2
+        );
+        let prefill = problem(&[MIN_PARALLEL_OUTPUTS.div_ceil(1000)], true);
+        assert_eq!(parallel_threads(&prefill, 2), 2);
     }
 
     #[test]

@@ -125,10 +125,10 @@ pub fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     with_thread_local(&FORCED_ISA, Some(isa.min(Isa::detected())), f)
 }
 
-/// Runs `f` with every ssmk call it makes on this thread spreading its tasks over the context's
-/// threads however small the call. Kernels otherwise keep small calls on the calling thread,
-/// where waking the pool would cost more than it saves; tests use this to check that results do
-/// not depend on the thread count on problems of any size.
+/// Runs `f` with every conv and ShortConv call it makes on this thread spreading its tasks over
+/// the context's threads however small the call. They otherwise keep small calls on the calling
+/// thread, where waking the pool would cost more than it saves; tests use this to check that
+/// results do not depend on the thread count on problems of any size.
 pub fn with_every_call_parallel<R>(f: impl FnOnce() -> R) -> R {
     with_thread_local(&EVERY_CALL_PARALLEL, true, f)
 }

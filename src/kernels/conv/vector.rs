@@ -15,7 +15,7 @@
 //! comes from the state (or is zero), the rest from `x`; the state is written only after all of a
 //! piece's outputs are stored, by the task holding the sequence's first piece. Channels past the
 //! last full vector take a scalar path with the same order of multiply-adds. ShortConv's gated
-//! inputs are computed once: a tile keeps its last `W-1` for the next ([`KeptInputs`]).
+//! inputs are computed once: a tile keeps its last `W-1` for the next ([`KeptCursor`]).
 
 use half::{bf16, f16};
 
@@ -477,19 +477,37 @@ isa_block!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 );
 
-/// A channel block's taps and bias widened to f32: tap `k` of block channel `j` at `k * cn + j`,
-/// the bias at `W * cn + j`.
+/// A channel block's taps and bias widened to f32 (rows `0..W`, the bias in row `W`) and, for
+/// gated inputs, its kept inputs (rows `W+1..2W`, see [`KeptCursor`]): rows of `cn` channels in
+/// one buffer, aligned to a cache line. Consecutive rows start `4 KiB / rows` apart modulo 4 KiB,
+/// never at the same offset: the same channel of two rows then never shares an L1 set, and a tap
+/// load never looks, by its low 12 address bits, like a read of the kept input stored just before
+/// (4K aliasing: the load waits for the store). With ShortConv's 4 KiB rows and the kept inputs a
+/// separate allocation 32 bytes past the taps, that cost 5-9% of its time.
 struct Taps {
-    values: Vec<f32>,
+    /// Owns the rows; once they are filled they are accessed only through `base`, since kept
+    /// inputs are written while taps are read.
+    _buffer: Vec<f32>,
+    base: *mut f32,
+    /// Elements from one row to the next.
+    stride: usize,
     cn: usize,
     /// `cn` zero elements of any dtype: the history of a sequence without initial state.
     zeros: Vec<f32>,
 }
 
 impl Taps {
-    fn new<S: Simd, const W: usize>(p: &Problem, c0: usize, cn: usize) -> Taps {
-        let mut values = vec![0f32; (W + 1) * cn];
-        for (k, row) in values.chunks_exact_mut(cn).enumerate() {
+    /// The taps of channels `c0..c0+cn`, with room for `kept` rows of kept inputs.
+    fn new<S: Simd, const W: usize>(p: &Problem, c0: usize, cn: usize, kept: usize) -> Taps {
+        const PAGE: usize = 4096 / size_of::<f32>();
+        const LINE: usize = 64 / size_of::<f32>();
+        let rows = W + 1 + kept;
+        let phase = PAGE / rows / LINE * LINE;
+        let stride = cn + (phase + PAGE - cn % PAGE) % PAGE;
+        let mut buffer = vec![0f32; rows * stride + LINE - 1];
+        let start = (buffer.as_ptr() as usize).wrapping_neg() % 64 / size_of::<f32>();
+        for (k, row) in buffer[start..].chunks_mut(stride).take(W + 1).enumerate() {
+            let row = &mut row[..cn];
             match (k < W, p.bias) {
                 (true, _) => unsafe { p.weight.column(k, c0, row) },
                 (false, Some(bias)) => unsafe { bias.column(0, c0, row) },
@@ -504,17 +522,39 @@ impl Taps {
                 }
             }
         }
+        let base = buffer[start..].as_mut_ptr();
         Taps {
-            values,
+            _buffer: buffer,
+            base,
+            stride,
             cn,
             zeros: vec![0.0; cn],
         }
     }
 
-    /// Pointer to tap `k` (`k == W`: the bias) of block channel 0.
+    /// Pointer to row `k` (tap `k`; `k == W`: the bias) at block channel 0.
     #[inline(always)]
     fn row(&self, k: usize) -> *const f32 {
-        self.values[k * self.cn..].as_ptr()
+        self.base.wrapping_add(k * self.stride)
+    }
+
+    /// Row `k`'s value for block channel `j`.
+    #[inline(always)]
+    fn value(&self, k: usize, j: usize) -> f32 {
+        assert!(j < self.cn, "block channel {j} of {}", self.cn);
+        // SAFETY: rows `0..=W` hold `cn` initialized channels each (`k` is at most `W` here).
+        unsafe { self.row(k).add(j).read() }
+    }
+
+    /// The kept inputs, for the gated piece starting at token `piece_start` (the rows `new` made
+    /// room for).
+    #[inline(always)]
+    fn kept<const W: usize>(&self, piece_start: usize) -> KeptCursor {
+        KeptCursor {
+            values: self.base.wrapping_add((W + 1) * self.stride),
+            stride: self.stride,
+            piece_start,
+        }
     }
 }
 
@@ -527,8 +567,10 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
     cn: usize,
     io: &Io,
 ) {
-    let taps = Taps::new::<S, W>(p, c0, cn);
-    let mut kept_inputs = None;
+    // Gated pieces of more than one token keep their inputs for the next tile.
+    let keeps = |pc: &Piece| !Io::RAW_INPUT && pc.t1 - pc.t0 > 1;
+    let kept_rows = if pieces.iter().any(keeps) { W - 1 } else { 0 };
+    let taps = Taps::new::<S, W>(p, c0, cn, kept_rows);
     for pc in pieces {
         let s = &p.seqs[pc.seq];
         if s.pad {
@@ -536,12 +578,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
             continue;
         }
         let tokens = pc.t0..pc.t1;
-        // Gated pieces of more than one token keep their inputs for the next tile.
-        let cursor = (!Io::RAW_INPUT && pc.t1 - pc.t0 > 1).then(|| {
-            kept_inputs
-                .get_or_insert_with(|| KeptInputs::new(W - 1, cn))
-                .start(pc.t0)
-        });
+        let cursor = keeps(pc).then(|| taps.kept::<W>(pc.t0));
         let kept = cursor.as_ref();
         // Two-register vectors (bf16 channel pairs): half the tile keeps the window in registers
         // (measured: tiles of 4 spill and lose ~5%).
@@ -563,7 +600,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
 }
 
 /// Whole tiles of `R` tokens from the start of `tokens`; returns the first token left over. With
-/// [`KeptInputs`] (gated inputs), a tile after the piece's first reads its history there and keeps
+/// [`KeptCursor`] (gated inputs), a tile after the piece's first reads its history there and keeps
 /// its own last `W-1` inputs there for the next.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -636,38 +673,14 @@ unsafe fn fill_kept<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W
     }
 }
 
-/// The conv inputs of the last `W-1` tokens a task computed, per block channel, as f32 (full
-/// vectors in their lane order). ShortConv's inputs are gated (`round(B * x)`), which costs more
-/// than a round trip through L1, so a tile after a piece's first reads its history rows here
-/// instead of gating them again. Row `k` (history entry `k`, oldest first) at `k * cn`.
-struct KeptInputs {
-    values: Vec<f32>,
-    cn: usize,
-}
-
-impl KeptInputs {
-    /// Room for `history` rows of `cn` channels.
-    fn new(history: usize, cn: usize) -> KeptInputs {
-        KeptInputs {
-            values: vec![0.0; history * cn],
-            cn,
-        }
-    }
-
-    /// Access for the piece starting at token `piece_start`.
-    fn start(&mut self, piece_start: usize) -> KeptCursor {
-        KeptCursor {
-            values: self.values.as_mut_ptr(),
-            cn: self.cn,
-            piece_start,
-        }
-    }
-}
-
-/// A [`KeptInputs`] in use by one piece: from its second tile on, it holds the tile's history.
+/// The kept inputs of one piece: the conv inputs of the last `W-1` tokens its task computed, per
+/// block channel, as f32 (full vectors in their lane order), in rows of [`Taps`]. ShortConv's
+/// inputs are gated (`round(B * x)`), which costs more than a round trip through L1, so a tile
+/// after the piece's first reads its history rows here instead of gating them again. Row `k`
+/// holds history entry `k`, oldest first.
 struct KeptCursor {
     values: *mut f32,
-    cn: usize,
+    stride: usize,
     piece_start: usize,
 }
 
@@ -675,15 +688,16 @@ impl KeptCursor {
     /// Row `k`, block channel `j`.
     #[inline(always)]
     fn at(&self, k: usize, j: usize) -> *mut f32 {
-        self.values.wrapping_add(k * self.cn + j)
+        self.values.wrapping_add(k * self.stride + j)
     }
 }
 
-/// A tile's window with the history rows in [`KeptInputs`], and token rows through the [`RowIo`].
+/// A tile's window with the history rows in its [`KeptCursor`], and token rows through the
+/// [`RowIo`].
 #[derive(Clone, Copy)]
 struct KeptRows {
     kept: *const f32,
-    cn: usize,
+    stride: usize,
     c0: usize,
     history: usize,
     inputs: [*const u8; MAX_WINDOW],
@@ -694,7 +708,7 @@ impl Window for KeptRows {
     unsafe fn load<S: Simd, A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> S::V {
         unsafe {
             match k < self.history {
-                true => S::load_lane_order(self.kept.add(k * self.cn + c - self.c0)),
+                true => S::load_lane_order(self.kept.add(k * self.stride + c - self.c0)),
                 false => io.load::<S, A>(self.inputs[k].cast::<A>(), c),
             }
         }
@@ -703,14 +717,14 @@ impl Window for KeptRows {
     unsafe fn load1<A: SimdElement, Io: RowIo>(&self, k: usize, io: &Io, c: usize) -> f32 {
         unsafe {
             match k < self.history {
-                true => self.kept.add(k * self.cn + c - self.c0).read(),
+                true => self.kept.add(k * self.stride + c - self.c0).read(),
                 false => io.load1::<A>(self.inputs[k].cast::<A>(), c),
             }
         }
     }
 }
 
-/// Outputs of tokens `t..t+R` with the history in [`KeptInputs`], which then keep this tile's
+/// Outputs of tokens `t..t+R` with the history in [`KeptCursor`], which then keeps this tile's
 /// last inputs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -726,7 +740,7 @@ unsafe fn kept_tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R:
 ) {
     let window = KeptRows {
         kept: kept.values,
-        cn: kept.cn,
+        stride: kept.stride,
         c0,
         history: W - 1,
         inputs: std::array::from_fn(|k| {
@@ -921,8 +935,8 @@ unsafe fn tile_rows<
     }
     for j in vec_end..cn {
         let c = c0 + j;
-        let w: [f32; W] = std::array::from_fn(|k| taps.values[k * cn + j]);
-        let bias = taps.values[W * cn + j];
+        let w: [f32; W] = std::array::from_fn(|k| taps.value(k, j));
+        let bias = taps.value(W, j);
         for r in 0..R {
             let x: [f32; W] = std::array::from_fn(|k| unsafe { win.load1::<A, Io>(r + k, io, c) });
             let y = scalar_output(&w, &x, bias, p.silu);

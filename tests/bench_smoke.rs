@@ -35,7 +35,22 @@ fn quick_bench_runs_and_writes_json() {
             "{op} missing from {text}"
         );
     }
-    assert!(text.contains("\"memcpy_gbps\""));
+    assert!(text.contains("\"memcpy_gbps_at_start\""));
+    // Every row compared with memcpy carries the bandwidth of the copies timed beside it.
+    let memcpy_rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("\"baseline\": \"memcpy\""))
+        .collect();
+    assert!(memcpy_rows.len() >= 8, "{text}");
+    for line in memcpy_rows {
+        let rate: f64 = line
+            .split("\"baseline_rate\": ")
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("no baseline_rate in {line}"));
+        assert!(rate > 0.0 && rate.is_finite(), "{line}");
+    }
     // Every row has a positive rate.
     for line in text.lines().filter(|l| l.contains("\"rate\":")) {
         let rate: f64 = line

@@ -31,7 +31,9 @@ fn measure(
     let mut per_byte = f64::NAN;
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let t = time(cfg, || ok(call(Isa::active(), &ctx)));
+        let (t, memcpy) = report
+            .memcpy
+            .time_beside(cfg, || ok(call(Isa::active(), &ctx)));
         if threads == 1 {
             per_byte = t / bytes as f64;
         }
@@ -42,7 +44,6 @@ fn measure(
             vs_reference: Some(reference / t),
             ..template.clone()
         };
-        let memcpy = report.memcpy_gbps;
         report.push_against(row, "memcpy", memcpy);
     }
     per_byte

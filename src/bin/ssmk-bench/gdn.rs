@@ -163,7 +163,9 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
     let reference = time_slow(cfg, || call.call(Isa::Scalar, &Ctx::new(1)));
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let t = time(cfg, || call.call(Isa::active(), &ctx));
+        let (t, memcpy) = report
+            .memcpy
+            .time_beside(cfg, || call.call(Isa::active(), &ctx));
         let mut r = Row::new(
             "gated_delta_rule decode",
             format!("B={batch} H=16 HV=32 K=V=128"),
@@ -174,7 +176,6 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
             "state bytes read + written".into(),
         );
         r.vs_reference = Some(reference / t);
-        let memcpy = report.memcpy_gbps;
         report.push_against(r, "memcpy", memcpy);
     }
 }

@@ -44,7 +44,12 @@ impl Drop for Ctx {
 }
 
 /// Median seconds per call of `f`; each sample repeats `f` until it has run long enough to time.
-pub fn time(cfg: &Config, mut f: impl FnMut()) -> f64 {
+pub fn time(cfg: &Config, f: impl FnMut()) -> f64 {
+    time_between(cfg, f, || 0.0).0
+}
+
+/// [`time`], with `between` run after each sample: returns also the median of what it returned.
+fn time_between(cfg: &Config, mut f: impl FnMut(), mut between: impl FnMut() -> f64) -> (f64, f64) {
     let (samples, min_sample) = cfg.samples();
     f(); // warm up: page faults, pool start-up, caches
     let start = Instant::now();
@@ -53,31 +58,35 @@ pub fn time(cfg: &Config, mut f: impl FnMut()) -> f64 {
     let reps = (min_sample.as_secs_f64() / once.as_secs_f64())
         .ceil()
         .max(1.0) as usize;
-    let mut times: Vec<f64> = (0..samples)
+    let (times, betweens): (Vec<f64>, Vec<f64>) = (0..samples)
         .map(|_| {
             let t = Instant::now();
             for _ in 0..reps {
                 f();
             }
-            t.elapsed().as_secs_f64() / reps as f64
+            let time = t.elapsed().as_secs_f64() / reps as f64;
+            (time, between())
         })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+        .unzip();
+    (median(times), median(betweens))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Median of three single calls: for slow reference kernels, where `time`'s repetitions would
 /// cost minutes.
 pub fn time_slow(cfg: &Config, mut f: impl FnMut()) -> f64 {
-    let mut times: Vec<f64> = (0..cfg.pick(3, 1))
+    let times: Vec<f64> = (0..cfg.pick(3, 1))
         .map(|_| {
             let t = Instant::now();
             f();
             t.elapsed().as_secs_f64()
         })
         .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    median(times)
 }
 
 /// Panics with the library's message unless `status` is SSMK_OK (the bench only runs valid calls).
@@ -91,16 +100,50 @@ pub fn ok(status: i32) {
     }
 }
 
-/// Same-run memcpy bandwidth (GB/s, counting bytes read + written) over a buffer of `bytes`
-/// bytes, cold in cache when the buffer exceeds it: what "moves memory at memcpy speed" means here.
-pub fn memcpy_gbps(cfg: &Config, bytes: usize) -> f64 {
-    let src = vec![1u8; bytes];
-    let mut dst = vec![0u8; bytes];
-    let t = time(cfg, || unsafe {
-        libc::memcpy(dst.as_mut_ptr().cast(), src.as_ptr().cast(), bytes);
-    });
-    std::hint::black_box(&dst);
-    2.0 * bytes as f64 / t / 1e9
+/// Same-run memcpy bandwidth (GB/s, counting bytes read + written) over buffers larger than the
+/// caches: what "moves memory at memcpy speed" means here. The buffers live for the whole run so
+/// that an operation's baseline can be timed between its own samples: on a shared machine the
+/// bandwidth drifts by a third within minutes, and a baseline taken at the start of the run would
+/// put that drift into the ratio.
+pub struct Memcpy {
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+impl Memcpy {
+    pub fn new(bytes: usize) -> Memcpy {
+        let mut m = Memcpy {
+            src: vec![1u8; bytes],
+            dst: vec![0u8; bytes],
+        };
+        m.copy(); // page faults
+        m
+    }
+
+    /// One copy of the buffer; its bandwidth.
+    fn copy(&mut self) -> f64 {
+        let t = Instant::now();
+        unsafe {
+            libc::memcpy(
+                self.dst.as_mut_ptr().cast(),
+                self.src.as_ptr().cast(),
+                self.src.len(),
+            )
+        };
+        std::hint::black_box(&self.dst);
+        2.0 * self.src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
+    }
+
+    /// Median bandwidth of a run of copies on its own.
+    pub fn gbps(&mut self, cfg: &Config) -> f64 {
+        median((0..cfg.samples().0).map(|_| self.copy()).collect())
+    }
+
+    /// Median seconds per call of `f` (as [`time`]), and the median memcpy bandwidth of copies
+    /// made between its samples.
+    pub fn time_beside(&mut self, cfg: &Config, f: impl FnMut()) -> (f64, f64) {
+        time_between(cfg, f, || self.copy())
+    }
 }
 
 /// Same-run single-thread f32 FMA peak (GFLOP/s) of the widest vector unit ssmk uses.
@@ -161,6 +204,8 @@ pub struct Row {
     pub work: Work,
     /// Ratio to the same-run baseline: `(name, ratio)`, >1 = better than the baseline.
     pub baseline: Option<(String, f64)>,
+    /// The baseline's own rate, in the row's unit.
+    pub baseline_rate: Option<f64>,
     /// Speed-up over the in-tree scalar reference, measured in the same run.
     pub vs_reference: Option<f64>,
     pub note: String,
@@ -185,6 +230,7 @@ impl Row {
             seconds,
             work,
             baseline: None,
+            baseline_rate: None,
             vs_reference: None,
             note,
         }
@@ -202,7 +248,7 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub facts: Vec<(String, String)>,
     /// Same-run baselines every suite compares against.
-    pub memcpy_gbps: f64,
+    pub memcpy: Memcpy,
     pub fma_peak_gflops: f64,
 }
 
@@ -210,8 +256,15 @@ impl Report {
     /// Pushes `row` with its rate divided by a same-run baseline rate of the same unit.
     pub fn push_against(&mut self, row: Row, baseline: &str, baseline_rate: f64) {
         let ratio = row.rate().0 / baseline_rate;
+        let (_, unit) = row.rate();
+        let note = match row.note.as_str() {
+            "" => format!("{baseline} {baseline_rate:.2} {unit}"),
+            note => format!("{note}; {baseline} {baseline_rate:.2} {unit}"),
+        };
         self.push(Row {
             baseline: Some((baseline.into(), ratio)),
+            baseline_rate: Some(baseline_rate),
+            note,
             ..row
         });
     }
@@ -242,7 +295,7 @@ impl Report {
             let (rate, unit) = r.rate();
             let _ = write!(
                 s,
-                "{}\n    {{\"op\": {}, \"shape\": {}, \"dtype\": {}, \"threads\": {}, \"median_s\": {:e}, \"rate\": {:.4}, \"unit\": {}, \"baseline\": {}, \"baseline_ratio\": {}, \"vs_reference\": {}, \"note\": {}}}",
+                "{}\n    {{\"op\": {}, \"shape\": {}, \"dtype\": {}, \"threads\": {}, \"median_s\": {:e}, \"rate\": {:.4}, \"unit\": {}, \"baseline\": {}, \"baseline_ratio\": {}, \"baseline_rate\": {}, \"vs_reference\": {}, \"note\": {}}}",
                 if i > 0 { "," } else { "" },
                 json_str(&r.op),
                 json_str(&r.shape),
@@ -257,6 +310,7 @@ impl Report {
                 r.baseline
                     .as_ref()
                     .map_or("null".into(), |b| format!("{:.4}", b.1)),
+                r.baseline_rate.map_or("null".into(), |v| format!("{v:.4}")),
                 r.vs_reference.map_or("null".into(), |v| format!("{v:.4}")),
                 json_str(&r.note),
             );

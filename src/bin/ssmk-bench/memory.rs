@@ -69,6 +69,7 @@ fn bench_copies(cfg: &Config, report: &mut Report, count: usize, size: usize, po
             seconds: t,
             work: Work::Bytes(bytes),
             baseline: Some(("libc memmove loop".into(), libc_loop / t)),
+            baseline_rate: Some(bytes / libc_loop / 1e9),
             vs_reference: None,
             note: format!(
                 "{:.1} ns/entry (libc loop {:.1})",
@@ -139,6 +140,7 @@ fn bench_zero(
             seconds: t,
             work: Work::Bytes((blocks * block_bytes) as f64),
             baseline: Some(("libc memset loop".into(), memset_loop / t)),
+            baseline_rate: Some((blocks * block_bytes) as f64 / memset_loop / 1e9),
             vs_reference: None,
             note: String::new(),
         });

@@ -124,7 +124,9 @@ fn kernel(cfg: &Config, report: &mut Report) {
     let reference = time(cfg, || step.call(Isa::Scalar, &Ctx::new(1)));
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let t = time(cfg, || step.call(Isa::active(), &ctx));
+        let (t, memcpy) = report
+            .memcpy
+            .time_beside(cfg, || step.call(Isa::active(), &ctx));
         let composed = time(cfg, || step.composed(&ctx, &bx, &y));
         let note = format!("{:.2}x faster than B*x, conv, C*y passes", composed / t);
         let mut r = Row::new(
@@ -137,7 +139,6 @@ fn kernel(cfg: &Config, report: &mut Report) {
             note,
         );
         r.vs_reference = Some(reference / t);
-        let memcpy = report.memcpy_gbps;
         report.push_against(r, "memcpy", memcpy);
     }
 }

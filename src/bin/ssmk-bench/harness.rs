@@ -255,8 +255,8 @@ pub struct Report {
 impl Report {
     /// Pushes `row` with its rate divided by a same-run baseline rate of the same unit.
     pub fn push_against(&mut self, row: Row, baseline: &str, baseline_rate: f64) {
-        let ratio = row.rate().0 / baseline_rate;
-        let (_, unit) = row.rate();
+        let (rate, unit) = row.rate();
+        let ratio = rate / baseline_rate;
         let note = match row.note.as_str() {
             "" => format!("{baseline} {baseline_rate:.2} {unit}"),
             note => format!("{note}; {baseline} {baseline_rate:.2} {unit}"),

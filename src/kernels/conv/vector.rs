@@ -491,6 +491,8 @@ struct Taps {
     base: *mut f32,
     /// Elements from one row to the next.
     stride: usize,
+    /// Rows in the buffer: `W + 1`, plus `W - 1` with room for kept inputs.
+    rows: usize,
     cn: usize,
     /// `cn` zero elements of any dtype: the history of a sequence without initial state.
     zeros: Vec<f32>,
@@ -527,6 +529,7 @@ impl Taps {
             _buffer: buffer,
             base,
             stride,
+            rows,
             cn,
             zeros: vec![0.0; cn],
         }
@@ -550,6 +553,7 @@ impl Taps {
     /// room for).
     #[inline(always)]
     fn kept<const W: usize>(&self, piece_start: usize) -> KeptCursor {
+        assert_eq!(self.rows, 2 * W, "taps made without room for kept inputs");
         KeptCursor {
             values: self.base.wrapping_add((W + 1) * self.stride),
             stride: self.stride,

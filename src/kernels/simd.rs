@@ -63,6 +63,19 @@ pub trait Simd: Copy + Send + Sync + 'static {
     unsafe fn round_bf16(v: Self::V) -> Self::V;
     /// Lanes rounded to f16 precision (what `store_f16` then `load_f16` give), in registers.
     unsafe fn round_f16(v: Self::V) -> Self::V;
+    /// [`Simd::round_bf16`] of lanes whose NaNs, if any, are already bf16 NaNs: quiet, with the
+    /// low 16 bits clear. Every NaN that arithmetic makes from bf16 operands is one (x86 keeps a
+    /// NaN operand's payload, quieted, and makes new NaNs as 0xffc00000), so a product of two bf16
+    /// values needs no NaN check: the rounding carry cannot reach such a NaN's high half.
+    #[inline(always)]
+    unsafe fn round_bf16_bf16_nans(v: Self::V) -> Self::V {
+        unsafe { Self::round_bf16(v) }
+    }
+    /// [`Simd::store_bf16`] of lanes as for [`Simd::round_bf16_bf16_nans`].
+    #[inline(always)]
+    unsafe fn store_bf16_bf16_nans(p: *mut u16, v: Self::V) {
+        unsafe { Self::store_bf16(p, v) }
+    }
 
     /// `e^x` within 4e-7 relative error on [-87.3, 88.3]; below, the smallest normal (~1.2e-38), and
     /// above, ~2.4e38 (finite), so `x / (1 + exp(-x))` never divides infinity by infinity.
@@ -112,6 +125,17 @@ pub trait SimdElement: Element {
     unsafe fn store<S: Simd>(p: *mut Self, v: S::V);
     /// Lanes rounded to this type's precision: what a store and a load give, without memory.
     unsafe fn round<S: Simd>(v: S::V) -> S::V;
+    /// [`SimdElement::round`] of a product of two values of this type, which may skip the checks
+    /// a NaN from elsewhere needs (see [`Simd::round_bf16_bf16_nans`]).
+    #[inline(always)]
+    unsafe fn round_product<S: Simd>(v: S::V) -> S::V {
+        unsafe { Self::round::<S>(v) }
+    }
+    /// [`SimdElement::store`] of a product of two values of this type (as for `round_product`).
+    #[inline(always)]
+    unsafe fn store_product<S: Simd>(p: *mut Self, v: S::V) {
+        unsafe { Self::store::<S>(p, v) }
+    }
 }
 
 impl SimdElement for f32 {
@@ -141,6 +165,14 @@ impl SimdElement for bf16 {
     #[inline(always)]
     unsafe fn round<S: Simd>(v: S::V) -> S::V {
         unsafe { S::round_bf16(v) }
+    }
+    #[inline(always)]
+    unsafe fn round_product<S: Simd>(v: S::V) -> S::V {
+        unsafe { S::round_bf16_bf16_nans(v) }
+    }
+    #[inline(always)]
+    unsafe fn store_product<S: Simd>(p: *mut Self, v: S::V) {
+        unsafe { S::store_bf16_bf16_nans(p.cast(), v) }
     }
 }
 
@@ -195,6 +227,30 @@ mod x86 {
             false => [bf16_rne(v[0]), bf16_rne(v[1])],
             true => [bf16_rne_keeping_nans(v[0]), bf16_rne_keeping_nans(v[1])],
         }
+    }
+
+    /// The high halves of `h` as f32 lanes (low halves cleared).
+    #[inline(always)]
+    unsafe fn high_halves(h: __m256i) -> __m256 {
+        _mm256_castsi256_ps(_mm256_and_si256(
+            h,
+            _mm256_set1_epi32(0xffff_0000_u32 as i32),
+        ))
+    }
+
+    /// Stores the high halves of `h`'s lanes as 8 consecutive u16.
+    #[inline(always)]
+    unsafe fn store_high_halves(p: *mut u16, h: __m256i) {
+        let r = _mm256_srli_epi32::<16>(h);
+        let packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
+        _mm_storeu_si128(p.cast(), packed);
+    }
+
+    /// Stores the high halves of a pair's `[even, odd]` lanes as 16 consecutive u16.
+    #[inline(always)]
+    unsafe fn store_pair_high_halves(p: *mut u16, [even, odd]: [__m256i; 2]) {
+        let pairs = _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(even), odd);
+        _mm256_storeu_si256(p.cast(), pairs);
     }
 
     /// Round to nearest-even in the high halves, wrong for NaNs: add 0x7fff plus the lowest kept
@@ -286,17 +342,19 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: __m256) {
-            unsafe {
-                let r = _mm256_srli_epi32::<16>(bf16_high_halves(v));
-                let packed =
-                    _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
-                _mm_storeu_si128(p.cast(), packed);
-            }
+            unsafe { store_high_halves(p, bf16_high_halves(v)) }
+        }
+        #[inline(always)]
+        unsafe fn store_bf16_bf16_nans(p: *mut u16, v: __m256) {
+            unsafe { store_high_halves(p, bf16_rne(v)) }
         }
         #[inline(always)]
         unsafe fn round_bf16(v: __m256) -> __m256 {
-            let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
-            _mm256_castsi256_ps(_mm256_and_si256(bf16_high_halves(v), high))
+            high_halves(bf16_high_halves(v))
+        }
+        #[inline(always)]
+        unsafe fn round_bf16_bf16_nans(v: __m256) -> __m256 {
+            high_halves(bf16_rne(v))
         }
         #[inline(always)]
         unsafe fn round_f16(v: __m256) -> __m256 {
@@ -409,8 +467,12 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn round_bf16(v: [__m256; 2]) -> [__m256; 2] {
-            let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
-            bf16_high_halves_pair(v).map(|h| _mm256_castsi256_ps(_mm256_and_si256(h, high)))
+            let [even, odd] = bf16_high_halves_pair(v);
+            [high_halves(even), high_halves(odd)]
+        }
+        #[inline(always)]
+        unsafe fn round_bf16_bf16_nans(v: [__m256; 2]) -> [__m256; 2] {
+            [high_halves(bf16_rne(v[0])), high_halves(bf16_rne(v[1]))]
         }
         #[inline(always)]
         unsafe fn load_f32(p: *const f32) -> [__m256; 2] {
@@ -433,9 +495,11 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: [__m256; 2]) {
-            let [even, odd] = bf16_high_halves_pair(v);
-            let pairs = _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(even), odd);
-            _mm256_storeu_si256(p.cast(), pairs);
+            store_pair_high_halves(p, bf16_high_halves_pair(v))
+        }
+        #[inline(always)]
+        unsafe fn store_bf16_bf16_nans(p: *mut u16, v: [__m256; 2]) {
+            store_pair_high_halves(p, [bf16_rne(v[0]), bf16_rne(v[1])])
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> [__m256; 2] {
@@ -654,6 +718,40 @@ mod tests {
         }
     }
 
+    /// The NaN-check-free bf16 rounding equals the full one on products of bf16 values, NaNs,
+    /// infinities and overflows included, bit for bit.
+    fn check_bf16_products<S: Simd>() {
+        let n = S::LANES;
+        let mut rng = 0x9e37_79b9u32;
+        let mut bits = || {
+            rng = rng.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            match rng >> 29 {
+                0 => 0x7f80 | (rng as u16 & 0x807f), // NaN or infinity, any payload
+                1 => 0x5f80 | (rng as u16 & 0x807f), // about 2^64: squares overflow
+                _ => (rng >> 8) as u16,
+            }
+        };
+        for _ in 0..20_000 {
+            let (a, b): (Vec<u16>, Vec<u16>) = (0..n).map(|_| (bits(), bits())).unzip();
+            unsafe {
+                let product = S::mul(S::load_bf16(a.as_ptr()), S::load_bf16(b.as_ptr()));
+                let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+                S::store_f32(want.as_mut_ptr(), S::round_bf16(product));
+                S::store_f32(got.as_mut_ptr(), S::round_bf16_bf16_nans(product));
+                let same =
+                    |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same(&want, &got),
+                    "rounded {a:x?} * {b:x?}: {want:?} vs {got:?}"
+                );
+                let (mut want, mut got) = (vec![0u16; n], vec![0u16; n]);
+                S::store_bf16(want.as_mut_ptr(), product);
+                S::store_bf16_bf16_nans(got.as_mut_ptr(), product);
+                assert_eq!(want, got, "stored {a:x?} * {b:x?}");
+            }
+        }
+    }
+
     fn check_exp<S: Simd>() {
         let n = S::LANES;
         let mut x = -100.0f32;
@@ -689,7 +787,9 @@ mod tests {
         }
         unsafe { with_avx2(check_roundtrips::<Avx2>) };
         unsafe { with_avx2(check_exp::<Avx2>) };
+        unsafe { with_avx2(check_bf16_products::<Avx2>) };
         unsafe { with_avx2(check_roundtrips::<Avx2Pairs>) };
+        unsafe { with_avx2(check_bf16_products::<Avx2Pairs>) };
         unsafe { with_avx2(check_exp::<Avx2Pairs>) };
         let v: Vec<f32> = (1..=8).map(|i| i as f32).collect();
         assert_eq!(
@@ -709,6 +809,7 @@ mod tests {
             return; // not on this CPU: compiled, not run
         }
         unsafe { with_avx512(check_roundtrips::<Avx512>) };
+        unsafe { with_avx512(check_bf16_products::<Avx512>) };
         unsafe { with_avx512(check_exp::<Avx512>) };
     }
 }

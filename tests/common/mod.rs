@@ -140,6 +140,18 @@ impl Tensor {
         }
     }
 
+    /// Stores raw bits (the low 16 for 16-bit dtypes), e.g. a NaN payload `set` would change.
+    pub fn set_bits(&mut self, index: &[usize], bits: u32) {
+        let p = unsafe { self.base().add(self.elem_offset(index) * self.dtype.size()) };
+        unsafe {
+            match self.dtype.size() {
+                4 => p.cast::<u32>().write(bits),
+                2 => p.cast::<u16>().write(bits as u16),
+                n => unreachable!("{n}-byte float"),
+            }
+        }
+    }
+
     /// Every logical index, row-major.
     pub fn indices(&self) -> Vec<Vec<usize>> {
         let dims: Vec<usize> = self.shape.iter().map(|&s| s as usize).collect();

@@ -95,7 +95,9 @@ impl RowIo for Plain {
 }
 
 /// ShortConv's gates around the conv: input `round(B * x)`, output `round(C * round(y))`, where B
-/// and C are `b_back` and `c_back` elements before x in the same bcx row.
+/// and C are `b_back` and `c_back` elements before x in the same bcx row. The two products round
+/// as products of the activation type (no NaN checks for bf16); `y` keeps the full rounding, since
+/// f32 taps or states can give it a NaN with payload bits bf16 lacks.
 pub struct Gated {
     pub b_back: usize,
     pub c_back: usize,
@@ -107,7 +109,7 @@ impl RowIo for Gated {
         unsafe {
             let x = A::load::<S>(row.add(c));
             let b = A::load::<S>(row.add(c).wrapping_sub(self.b_back));
-            A::round::<S>(S::mul(b, x))
+            A::round_product::<S>(S::mul(b, x))
         }
     }
     #[inline(always)]
@@ -122,7 +124,7 @@ impl RowIo for Gated {
     unsafe fn store<S: Simd, A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: S::V) {
         unsafe {
             let gate = A::load::<S>(row.add(c).wrapping_sub(self.c_back));
-            A::store::<S>(out.add(c), S::mul(gate, A::round::<S>(v)))
+            A::store_product::<S>(out.add(c), S::mul(gate, A::round::<S>(v)))
         }
     }
     #[inline(always)]

@@ -66,6 +66,26 @@ impl Isa {
             .filter(|&i| i <= Isa::detected())
             .collect()
     }
+
+    /// The levels a test named `every_isa_*` checks against the portable reference: every
+    /// supported level, or only the one `SSMK_TEST_ISA` names. The AVX-512 emulation lane sets
+    /// it (the lower levels already ran natively, and the emulator is slow); a CPU, real or
+    /// emulated, that lacks the named level panics here, so a lane that silently ran AVX2 fails
+    /// instead of passing.
+    pub fn under_test() -> Vec<Isa> {
+        let Ok(name) = std::env::var("SSMK_TEST_ISA") else {
+            return Isa::supported();
+        };
+        let wanted = Isa::parse(&name)
+            .unwrap_or_else(|| panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2 or avx512"));
+        assert!(
+            wanted <= Isa::active(),
+            "SSMK_TEST_ISA = {name}, but this CPU runs {} (detected {})",
+            Isa::active().name(),
+            Isa::detected().name()
+        );
+        vec![wanted]
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

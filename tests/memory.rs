@@ -10,6 +10,7 @@ use ssmk::dtype::DType;
 use ssmk::ffi::context::ssmk_context;
 use ssmk::ffi::memory::{ssmk_batch_memcpy, ssmk_zero_blocks, ssmk_zero_blocks_multi};
 use ssmk::ffi::status::*;
+use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 /// (dst offset, src offset, len) within one pool.
@@ -184,7 +185,7 @@ fn expect_zeroed(t: &Tensor, ids: &[i64]) -> Vec<u8> {
 }
 
 #[test]
-fn zero_blocks_contiguous_strided_and_duplicates() {
+fn every_isa_zero_blocks_contiguous_strided_and_duplicates() {
     // [blocks, tokens, heads, dim] contiguous; the same logical cache with padded rows; and a
     // channel-major view whose innermost stride is not 1.
     let layouts: Vec<(Vec<usize>, Option<Vec<usize>>, usize)> = vec![
@@ -195,7 +196,8 @@ fn zero_blocks_contiguous_strided_and_duplicates() {
             8 * 16 * 160,
         ),
         (vec![6, 4, 5], Some(vec![20, 1, 4]), 120),
-        (vec![5, 300_000], None, 1_500_000),
+        // Blocks large enough to be split over threads (smaller in the small-shape mode).
+        (vec![5, common::sized(300_000, 20_000)], None, common::sized(1_500_000, 100_000)),
     ];
     for (shape, strides, span) in &layouts {
         for (ids, dtype) in [
@@ -203,17 +205,19 @@ fn zero_blocks_contiguous_strided_and_duplicates() {
             (vec![1], DType::I32),
             (vec![], DType::I32),
         ] {
-            for threads in [1, 2] {
+            for (isa, threads) in Isa::under_test().into_iter().flat_map(|i| [(i, 1), (i, 2)]) {
                 let ctx = Ctx::new(threads);
                 let t = cache(shape, strides.as_deref(), *span, 5);
                 let want = expect_zeroed(&t, &ids);
                 let id_t = Tensor::ints(dtype, &ids);
                 let mut d = t.desc();
-                let code = unsafe { ssmk_zero_blocks(ctx.0, &mut d, &id_t.desc()) };
+                let code = with_isa(isa, || unsafe {
+                    ssmk_zero_blocks(ctx.0, &mut d, &id_t.desc())
+                });
                 assert_eq!(code, SSMK_OK, "{}", common::last_error());
                 assert!(
                     t.bytes() == want,
-                    "shape {shape:?} strides {strides:?} ids {ids:?}"
+                    "{isa:?} shape {shape:?} strides {strides:?} ids {ids:?}"
                 );
             }
         }

@@ -203,7 +203,7 @@ fn assert_same(
 }
 
 #[test]
-fn equals_unfused_composition_bit_for_bit() {
+fn every_isa_equals_unfused_composition_bit_for_bit() {
     let ctx = Ctx::new(2);
     let mut seed = 1;
     for dtype in [DType::BF16, DType::F16, DType::F32] {
@@ -214,8 +214,11 @@ fn equals_unfused_composition_bit_for_bit() {
             if i % 3 == 0 {
                 case.bias = None;
             }
-            let what = format!("{dtype:?} W={width} lens={lens:?}");
-            assert_same(&case, &case.fused(&ctx, None), &case.composed(&ctx), &what);
+            let want = case.composed(&ctx);
+            for isa in Isa::under_test() {
+                let what = format!("{dtype:?} W={width} lens={lens:?} {isa:?}");
+                assert_same(&case, &case.fused(&ctx, Some(isa)), &want, &what);
+            }
         }
     }
 }
@@ -274,7 +277,7 @@ fn widened(t: &Tensor) -> Tensor {
 /// composition's own scalar steps quiet them differently), else the same bits. Catches a rounding
 /// that turns a NaN into an infinity or a zero, on every ISA.
 #[test]
-fn special_values_match_composition() {
+fn every_isa_special_values_match_composition() {
     let mut rng = Rng::new(99);
     let cases = [
         (DType::BF16, false),
@@ -296,7 +299,7 @@ fn special_values_match_composition() {
             sprinkle_specials(&mut case.weight, &mut rng, 200);
             sprinkle_specials(case.bias.as_mut().unwrap(), &mut rng, 50);
             let want = case.composed(&Ctx::new(1));
-            for isa in Isa::supported() {
+            for isa in Isa::under_test() {
                 let got = case.fused(&Ctx::new(2), Some(isa));
                 let what = format!("{dtype:?} wide={wide} W={width} lens={lens:?} {isa:?}");
                 for t in 0..case.tokens() {
@@ -318,7 +321,7 @@ fn every_isa_and_thread_count_agrees() {
     let mut case = Case::new(DType::BF16, 300, 3, &[1, 70, 0, 5, 300], 77);
     case.slots[3] = -1;
     let want = case.composed(&Ctx::new(1));
-    for isa in Isa::supported() {
+    for isa in Isa::under_test() {
         for threads in [1, 2, 3] {
             let got = with_every_call_parallel(|| case.fused(&Ctx::new(threads), Some(isa)));
             assert_same(&case, &got, &want, &format!("{isa:?} threads={threads}"));

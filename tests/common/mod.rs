@@ -78,12 +78,15 @@ impl Tensor {
         }
     }
 
+    /// Without allocating: the reference loops call this for every element.
     fn elem_offset(&self, index: &[usize]) -> usize {
-        index
-            .iter()
-            .zip(self.elem_strides())
-            .map(|(i, s)| i * s)
-            .sum()
+        match &self.strides {
+            Some(s) => index.iter().zip(s).map(|(&i, &s)| i * s as usize).sum(),
+            None => index
+                .iter()
+                .zip(&self.shape)
+                .fold(0, |off, (&i, &n)| off * n as usize + i),
+        }
     }
 
     /// Every byte of the backing storage (for "nothing was written" checks).
@@ -214,6 +217,26 @@ pub const SEQ_LEN_LISTS: [&[usize]; 8] = [
     &[127, 128, 129],
     &[273],
 ];
+
+/// Whether the suite runs its small-shape mode (`SSMK_TEST_SHAPES=small`): the AVX-512 emulation
+/// lane sets it, since the emulator runs 512-bit code at a few million instructions a second.
+/// It keeps every code path (SIMD tails, chunk boundaries, decodes beside prefills) and drops the
+/// repetitions at larger sizes.
+pub fn small_shapes() -> bool {
+    std::env::var("SSMK_TEST_SHAPES").is_ok_and(|v| v == "small")
+}
+
+/// `full` normally, `small` in the small-shape mode.
+pub fn sized<T>(full: T, small: T) -> T {
+    if small_shapes() { small } else { full }
+}
+
+/// Whether case `n` of a product of cases runs: every case normally, one in `every` in the
+/// small-shape mode (with `every` coprime to the product's axes the kept cases still rotate
+/// through every option of each axis).
+pub fn sampled(n: u64, every: u64) -> bool {
+    !small_shapes() || n.is_multiple_of(every)
+}
 
 /// xorshift64*: deterministic data for reproducible tests.
 pub struct Rng(u64);

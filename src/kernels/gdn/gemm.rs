@@ -164,33 +164,53 @@ unsafe fn scalar_columns(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::simd::Avx2;
+    use crate::kernels::simd::{Avx2, Avx512};
     use crate::runtime::Isa;
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm_avx2(
-        m: usize,
-        n: usize,
-        p: usize,
-        a: MatA,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        acc: bool,
-        lower: bool,
-    ) {
-        unsafe { gemm::<Avx2>(m, n, p, a, b, ldb, c, ldc, acc, lower) }
+    type GemmFn =
+        unsafe fn(usize, usize, usize, MatA, *const f32, usize, *mut f32, usize, bool, bool);
+
+    macro_rules! gemm_for {
+        ($name:ident, $simd:ty, $features:literal) => {
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn $name(
+                m: usize,
+                n: usize,
+                p: usize,
+                a: MatA,
+                b: *const f32,
+                ldb: usize,
+                c: *mut f32,
+                ldc: usize,
+                acc: bool,
+                lower: bool,
+            ) {
+                unsafe { gemm::<$simd>(m, n, p, a, b, ldb, c, ldc, acc, lower) }
+            }
+        };
     }
+    gemm_for!(gemm_avx2, Avx2, "avx2,fma,f16c");
+    gemm_for!(
+        gemm_avx512,
+        Avx512,
+        "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+    );
 
     /// Every shape class (full tiles, row/column remainders, transposed A, lower A) against a plain
     /// triple loop.
     #[test]
-    fn matches_naive() {
-        if !Isa::supported().contains(&Isa::Avx2) {
-            return;
+    fn every_isa_gemm_matches_naive() {
+        for isa in Isa::under_test() {
+            match isa {
+                Isa::Scalar => {}
+                Isa::Avx2 => check_against_naive(gemm_avx2),
+                Isa::Avx512 => check_against_naive(gemm_avx512),
+            }
         }
+    }
+
+    fn check_against_naive(kernel: GemmFn) {
         for &(m, n, p) in &[
             (64, 128, 128),
             (13, 37, 9),
@@ -244,7 +264,7 @@ mod tests {
                     ..mat
                 };
                 let mut c = c0.clone();
-                unsafe { gemm_avx2(m, n, p, mat, b.as_ptr(), n, c.as_mut_ptr(), n, acc, lower) };
+                unsafe { kernel(m, n, p, mat, b.as_ptr(), n, c.as_mut_ptr(), n, acc, lower) };
                 for i in 0..m {
                     for j in 0..n {
                         let want: f32 = (0..p).map(|l| at(i, l) * b[l * n + j]).sum::<f32>()

@@ -197,7 +197,11 @@ fn every_isa_zero_blocks_contiguous_strided_and_duplicates() {
         ),
         (vec![6, 4, 5], Some(vec![20, 1, 4]), 120),
         // Blocks large enough to be split over threads (smaller in the small-shape mode).
-        (vec![5, common::sized(300_000, 20_000)], None, common::sized(1_500_000, 100_000)),
+        (
+            vec![5, common::sized(300_000, 20_000)],
+            None,
+            common::sized(1_500_000, 100_000),
+        ),
     ];
     for (shape, strides, span) in &layouts {
         for (ids, dtype) in [

@@ -150,38 +150,57 @@ impl Memcpy {
 pub fn fma_peak_gflops(cfg: &Config) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
+        use ssmk::kernels::simd::{Avx2, Avx512, Simd};
         use ssmk::runtime::Isa;
-        if Isa::active() >= Isa::Avx2 {
-            const ITERS: usize = 1 << 20;
-            let t = time(cfg, || {
-                std::hint::black_box(unsafe { fma_loop_avx2(std::hint::black_box(ITERS)) });
-            });
-            return (ITERS * 10 * 8 * 2) as f64 / t / 1e9;
-        }
+        const ITERS: usize = 1 << 20;
+        let (run, lanes): (unsafe fn(usize) -> f32, usize) = match Isa::active() {
+            Isa::Avx512 => (fma_loop_avx512, Avx512::LANES),
+            Isa::Avx2 => (fma_loop_avx2, Avx2::LANES),
+            Isa::Scalar => return f64::NAN,
+        };
+        let t = time(cfg, || {
+            std::hint::black_box(unsafe { run(std::hint::black_box(ITERS)) });
+        });
+        (ITERS * FMA_CHAINS * lanes * 2) as f64 / t / 1e9
     }
-    let _ = cfg;
-    f64::NAN
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = cfg;
+        f64::NAN
+    }
 }
 
-/// Ten independent FMA chains hide the FMA latency, so this runs at the unit's throughput.
+/// Independent FMA chains enough to hide the FMA latency, so the loop runs at the unit's
+/// throughput.
+const FMA_CHAINS: usize = 10;
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fma_loop<S: ssmk::kernels::simd::Simd>(iters: usize) -> f32 {
+    use std::hint::black_box;
+    unsafe {
+        let m = S::splat(black_box(0.999_999));
+        let a = S::splat(black_box(1e-7));
+        let mut acc: [S::V; FMA_CHAINS] = std::array::from_fn(|i| S::splat(black_box(i as f32)));
+        for _ in 0..iters {
+            for v in acc.iter_mut() {
+                *v = S::fma(*v, m, a);
+            }
+        }
+        S::reduce_sum(acc.into_iter().fold(S::zero(), |s, v| S::add(s, v)))
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma_loop_avx2(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let m = _mm256_set1_ps(std::hint::black_box(0.999_999));
-    let a = _mm256_set1_ps(std::hint::black_box(1e-7));
-    let mut acc: [__m256; 10] =
-        std::array::from_fn(|i| _mm256_set1_ps(std::hint::black_box(i as f32)));
-    for _ in 0..iters {
-        for v in acc.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, m, a);
-        }
-    }
-    let mut s = _mm256_setzero_ps();
-    for v in acc {
-        s = _mm256_add_ps(s, v);
-    }
-    _mm256_cvtss_f32(s)
+    unsafe { fma_loop::<ssmk::kernels::simd::Avx2>(iters) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn fma_loop_avx512(iters: usize) -> f32 {
+    unsafe { fma_loop::<ssmk::kernels::simd::Avx512>(iters) }
 }
 
 /// What a row's throughput counts.

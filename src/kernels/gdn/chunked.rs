@@ -98,6 +98,42 @@ unsafe fn exp_into<S: Simd>(x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Row `i` of `T = (I + A)^-1` by forward substitution, `T[i] = e_i - sum_{l<i} A[i][l] T[l]`,
+/// from `a[l] = A[i][l]` and rows `0..i` of `tinv` (row-major, `C` columns, zero right of their
+/// diagonal). Each vector block of the row is summed in registers over the rows `l` that reach it
+/// (rows are zero right of their diagonal), in four interleaved sums that hide the FMA latency:
+/// row-by-row updates of the row in memory ran as short, dependent, partly scalar loops.
+///
+/// # Safety
+/// `tinv` holds `C * C` floats; row `i` is zero.
+#[inline(always)]
+unsafe fn inverse_row<S: Simd>(tinv: *mut f32, i: usize, a: &[f32]) {
+    const SUMS: usize = 4;
+    let lanes = S::LANES;
+    debug_assert!(C.is_multiple_of(lanes) && a.len() == i);
+    let mut col = 0;
+    while col <= i {
+        unsafe {
+            let mut acc = [S::zero(); SUMS];
+            let mut l = col;
+            while l + SUMS <= i {
+                for (u, sum) in acc.iter_mut().enumerate() {
+                    let t = S::load_f32(tinv.add((l + u) * C + col));
+                    *sum = S::fma(S::splat(a[l + u]), t, *sum);
+                }
+                l += SUMS;
+            }
+            for (sum, l) in acc.iter_mut().zip(l..i) {
+                *sum = S::fma(S::splat(a[l]), S::load_f32(tinv.add(l * C + col)), *sum);
+            }
+            let sum = S::add(S::add(acc[0], acc[1]), S::add(acc[2], acc[3]));
+            S::store_f32(tinv.add(i * C + col), S::sub(S::zero(), sum));
+        }
+        col += lanes;
+    }
+    unsafe { *tinv.add(i * C + i) = 1.0 };
+}
+
 /// Pass 1 for chunk `c` and q/k head `h`.
 ///
 /// # Safety
@@ -165,6 +201,7 @@ pub unsafe fn intra<S: Simd>(
     let mut decay_row = [0f32; C];
     let mut diff = [0f32; C];
     let mut tinv = vec![0f32; C * C];
+    let mut a_row = [0f32; C];
     let mut x = vec![0f32; C * kd];
     let mut y = vec![0f32; C * vd];
     let mut beta = [0f32; C];
@@ -195,16 +232,11 @@ pub unsafe fn intra<S: Simd>(
             p[i * C + i + 1..i * C + m]
                 .iter_mut()
                 .for_each(|x| *x = 0.0);
-            // T row i = e_i - sum_{l<i} A[i][l] T[l], A[i][l] = beta_i kk[i][l] decay[i][l].
-            tinv[i * C + i] = 1.0;
+            // A[i][l] = beta_i kk[i][l] decay[i][l].
             for l in 0..i {
-                let a = beta[i] * kk[i * C + l] * decay_row[l];
-                let (done, row) = tinv.split_at_mut(i * C);
-                let tl = &done[l * C..l * C + l + 1];
-                for (t, &s) in row[..l + 1].iter_mut().zip(tl) {
-                    *t -= a * s;
-                }
+                a_row[l] = beta[i] * kk[i * C + l] * decay_row[l];
             }
+            unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
         // -w = T (-k * beta * e^G);  u = T (v * beta).
         for i in 0..m {

@@ -43,6 +43,12 @@
 #define SSMK_GDN_QK_L2NORM 1
 
 /**
+ * `flags` bit of ssmk_gated_delta_rule: v-head `hv` uses q/k head `hv % H` (the tiled order
+ * llama.cpp's GGUF converter writes) instead of `hv / (HV/H)` (Hugging Face's and vLLM's order).
+ */
+#define SSMK_GDN_GQA_TILED 2
+
+/**
  * Success.
  */
 #define SSMK_OK 0
@@ -355,7 +361,7 @@ int32_t ssmk_gdn_gating(const ssmk_context *ctx,
  * Runs the Gated DeltaNet recurrence over a batch that may mix decodes (length-1 sequences),
  * prefills of any length and speculative-decode sequences, updating a state pool in place.
  *
- * Per sequence and v-head `hv` (q/k head `hv / (HV/H)`), per token `t` with `a_t = exp(g_t)`:
+ * Per sequence and v-head `hv` (q/k head `hv / (HV/H)`, or `hv % H` with SSMK_GDN_GQA_TILED), per token `t` with `a_t = exp(g_t)`:
  * `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
  * where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. Long sequences use
  * the chunked WY form (chunks of 64 tokens), short ones the recurrence; both agree with the
@@ -397,7 +403,7 @@ int32_t ssmk_gdn_gating(const ssmk_context *ctx,
  * @param state_indices       `[B]` int32/int64 slots (or `[B, Smax]` in speculative mode); or NULL.
  * @param has_initial_state   `[B]` bool/uint8/int32/int64; or NULL (all false).
  * @param num_accepted_tokens `[B]` int32/int64, or NULL (not speculative).
- * @param flags               0 or SSMK_GDN_QK_L2NORM.
+ * @param flags               SSMK_GDN_QK_L2NORM and/or SSMK_GDN_GQA_TILED (any other bit is an error).
  * @param l2norm_eps          the eps of the l2 norm (finite, >= 0); ignored without the flag.
  * @param pad_slot_id         slot value marking padded sequences (vLLM: -1).
  * @param out                 `[T, HV, V]` f32/bf16/f16, written; must not overlap any input,

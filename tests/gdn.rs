@@ -15,7 +15,9 @@ use common::{Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use half::bf16;
 use ssmk::dtype::{DType, Element};
 use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
-use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating};
+use ssmk::ffi::gdn::{
+    SSMK_GDN_GQA_TILED, SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating,
+};
 use ssmk::ffi::status::*;
 use ssmk::kernels::gdn::Path;
 use ssmk::runtime::{Isa, with_isa};
@@ -377,7 +379,10 @@ fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
         };
         for (i, t) in (s.start..s.start + s.len).enumerate() {
             for hv in 0..hv_n {
-                let h = hv / (hv_n / h_n);
+                let h = match p.flags & SSMK_GDN_GQA_TILED != 0 {
+                    true => hv % h_n,
+                    false => hv / (hv_n / h_n),
+                };
                 let norm = |x: &[f64]| {
                     if l2 {
                         1.0 / (x.iter().map(|a| a * a).sum::<f64>() + p.eps as f64).sqrt()
@@ -632,6 +637,34 @@ fn every_isa_matches_reference_head_dim_128() {
         true,
     );
     run_and_verify(&p, "decode + prefill, dims (128,128)");
+}
+
+/// `SSMK_GDN_GQA_TILED` (v-head `hv` reads q/k head `hv % H`): GQA groups of 2, 3 and 4, on
+/// both paths and in waves of q/k heads, decodes beside prefills; with H = 1 and HV = H the two
+/// orders coincide.
+#[test]
+fn every_isa_tiled_gqa_order_matches_reference() {
+    let mut seed = 900;
+    for (heads, dims) in [
+        ((2, 4), (32, 32)),
+        ((2, 6), (64, 48)),
+        ((4, 16), (32, 16)),
+        ((1, 3), (16, 24)),
+        ((3, 3), (32, 32)),
+    ] {
+        for (lens, state) in [
+            (&[1usize, 70, 1][..], DType::F32),
+            (&[130, 2, 64], DType::BF16),
+        ] {
+            seed += 1;
+            let mut p = batch_case(seed, lens, heads, dims, DType::BF16, state, seed % 2 == 0);
+            p.flags |= SSMK_GDN_GQA_TILED;
+            run_and_verify(
+                &p,
+                &format!("tiled heads {heads:?} dims {dims:?} lens {lens:?}"),
+            );
+        }
+    }
 }
 
 /// Activation dtypes other than bf16, mixed per tensor, an explicit scale, and strided inputs.
@@ -1331,9 +1364,9 @@ fn delta_rule_rejects_bad_inputs() {
         (
             "flags",
             none(),
-            Box::new(|d| d.flags = 2),
+            Box::new(|d| d.flags = 4 | SSMK_GDN_GQA_TILED),
             SSMK_ERR_INVALID_ARGUMENT,
-            "flags = 0x2",
+            "flags = 0x6",
         ),
         (
             "scale",

@@ -53,12 +53,12 @@ impl Layout {
     fn qk(&self, base: *mut f32, c: usize, h: usize) -> *mut f32 {
         base.wrapping_add(c * self.chunk_size() + (h - self.first_head) * self.qk_size())
     }
-    /// `-w` of chunk `c`, v-head `hv`; `u`, `P`, `G` follow.
-    fn head(&self, base: *mut f32, c: usize, hv: usize) -> HeadScratch {
+    /// `-w` of chunk `c`, v-head number `j` of q/k head `h`; `u`, `P`, `G` follow.
+    fn head(&self, base: *mut f32, c: usize, h: usize, j: usize) -> HeadScratch {
         let w = base.wrapping_add(
             c * self.chunk_size()
                 + self.heads * self.qk_size()
-                + (hv - self.first_head * self.group) * self.head_size(),
+                + ((h - self.first_head) * self.group + j) * self.head_size(),
         );
         let u = w.wrapping_add(C * self.k_dim);
         let p = u.wrapping_add(C * self.v_dim);
@@ -206,8 +206,9 @@ pub unsafe fn intra<S: Simd>(
     let mut y = vec![0f32; C * vd];
     let mut beta = [0f32; C];
     let mut eg = [0f32; C];
-    for hv in h * group..(h + 1) * group {
-        let hs = layout.head(scratch, c, hv);
+    for j in 0..group {
+        let hv = args.v_head(h, j);
+        let hs = layout.head(scratch, c, h, j);
         // Cumulative log-decay.
         let gcum = unsafe { std::slice::from_raw_parts_mut(hs.g, m) };
         let mut run = 0f32;
@@ -285,7 +286,7 @@ pub unsafe fn inter<S: Simd>(
     hv: usize,
 ) {
     let (kd, vd) = (args.k_dim, args.v_dim);
-    let h = args.qk_head(hv);
+    let (h, j) = (args.qk_head(hv), args.member(hv));
     let mut s = vec![0f32; kd * vd];
     let st = args.state.as_ref();
     if let Some(slot) = seq.read {
@@ -311,12 +312,12 @@ pub unsafe fn inter<S: Simd>(
     for (ci, chunk) in chunks.iter().enumerate() {
         let c = first + ci;
         let m = chunk.len;
-        let hs = layout.head(scratch, c, hv);
+        let hs = layout.head(scratch, c, h, j);
         let qn = layout.qk(scratch, c, h);
         let kn = qn.wrapping_add(C * kd);
         if ci + 1 < chunks.len() {
             // The next chunk's scratch is in L3 or memory: ask for it into L2 while this one runs.
-            let next = layout.head(scratch, c + 1, hv);
+            let next = layout.head(scratch, c + 1, h, j);
             let m1 = chunks[ci + 1].len;
             prefetch_l2(next.w.cast(), m1 * kd * 4);
             prefetch_l2(next.u.cast(), m1 * vd * 4);

@@ -200,6 +200,9 @@ pub struct DeltaRule {
     pub scale: f32,
     /// `Some(eps)`: q and k are l2-normalised as `x / sqrt(sum x^2 + eps)`.
     pub l2norm_eps: Option<f32>,
+    /// The v-heads of q/k head `h` are `h, h + H, h + 2H, ...` (llama.cpp's GGUF order) instead of
+    /// `h * HV/H ..` (Hugging Face's and vLLM's).
+    pub gqa_tiled: bool,
     pub sequences: Vec<Sequence>,
 }
 
@@ -207,7 +210,28 @@ impl DeltaRule {
     /// q/k head of v-head `hv`.
     #[inline(always)]
     pub fn qk_head(&self, hv: usize) -> usize {
-        hv / (self.v_heads / self.heads)
+        match self.gqa_tiled {
+            true => hv % self.heads,
+            false => hv / (self.v_heads / self.heads),
+        }
+    }
+
+    /// Which of its q/k head's `HV/H` v-heads `hv` is (`v_head(qk_head(hv), member(hv)) == hv`).
+    #[inline(always)]
+    pub fn member(&self, hv: usize) -> usize {
+        match self.gqa_tiled {
+            true => hv / self.heads,
+            false => hv % (self.v_heads / self.heads),
+        }
+    }
+
+    /// v-head number `j` of q/k head `h`.
+    #[inline(always)]
+    pub fn v_head(&self, h: usize, j: usize) -> usize {
+        match self.gqa_tiled {
+            true => h + j * self.heads,
+            false => h * (self.v_heads / self.heads) + j,
+        }
     }
 
     /// Loads q (normalised, times `scale`) and k (normalised) of `token` and head `h` as f32.

@@ -214,7 +214,8 @@ pub unsafe fn gated_delta_rule(
             let wave_v_heads = wave_heads * group;
             ctx.for_each(chunked_seqs.len() * wave_v_heads, |task| {
                 let (b, first, count) = chunked_seqs[task / wave_v_heads];
-                let hv = first_head * group + task % wave_v_heads;
+                let member = task % wave_v_heads;
+                let hv = args.v_head(first_head + member / group, member % group);
                 // SAFETY: pass 1 is complete; this task owns the v-head's scratch, rows and slot.
                 unsafe {
                     (kernels.inter)(

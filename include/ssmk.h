@@ -358,6 +358,49 @@ int32_t ssmk_gdn_gating(const ssmk_context *ctx,
                         ssmk_tensor *beta);
 
 /**
+ * Computes the per-channel gates of Kimi Delta Attention for `N` tokens (ABI.md §4.8), with
+ * `x = a + dt_bias` (f32; `dt_bias` NULL: 0):
+ * - `lower_bound == 0` (Kimi Linear): `g = -exp(A_log[h]) * softplus(x)`, `softplus(x) = x` for
+ *   `x > 20`, else `log(1 + exp(x))`;
+ * - `lower_bound < 0` (GLM-5-Next, Ling): `g = lower_bound * sigmoid(exp(A_log[h]) * x)`;
+ *
+ * and, when `b` and `beta` are both given, `beta = sigmoid(b)`.
+ *
+ * Arithmetic in f32; `beta` is rounded to its dtype (nearest even). Thread-safe; the outputs are
+ * written only after every argument has been checked.
+ *
+ * @param ctx         context, or NULL for the process default.
+ * @param a_log       `[HV]` f32.
+ * @param a           `[N, HV, K]` f32/bf16/f16.
+ * @param dt_bias     `[HV, K]` or `[HV * K]` f32, or NULL.
+ * @param lower_bound `0`, or negative and finite.
+ * @param b           `[N, HV]` f32/bf16/f16, or NULL (then `beta` must be NULL too).
+ * @param g           `[N, HV, K]` f32, written; must not overlap any input, `beta` or itself.
+ * @param beta        `[N, HV]` f32/bf16/f16, written, or NULL (then `b` must be NULL too); must
+ *                    not overlap any input, `g` or itself.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   a shape or stride is inconsistent, `lower_bound` is positive,
+ *                                     NaN or infinite, or exactly one of `b` and `beta` is NULL.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+ *
+ * # Safety
+ * Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_kda_gating(const ssmk_context *ctx,
+                        const ssmk_tensor *a_log,
+                        const ssmk_tensor *a,
+                        const ssmk_tensor *dt_bias,
+                        float lower_bound,
+                        const ssmk_tensor *b,
+                        ssmk_tensor *g,
+                        ssmk_tensor *beta);
+
+/**
  * Runs the Gated DeltaNet recurrence over a batch that may mix decodes (length-1 sequences),
  * prefills of any length and speculative-decode sequences, updating a state pool in place.
  *

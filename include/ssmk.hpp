@@ -257,6 +257,14 @@ inline void gdn_gating(const context& ctx, const tensor& a_log, const tensor& a,
                         g.get(), beta.get()));
 }
 
+/** ssmk_kda_gating: Kimi Delta Attention's per-channel gates (and beta = sigmoid(b)); optional
+ *  arguments are nullptr when absent. Throws ssmk::error. */
+inline void kda_gating(const context& ctx, const tensor& a_log, const tensor& a, const tensor* dt_bias,
+                       float lower_bound, const tensor* b, tensor& g, tensor* beta) {
+  check(ssmk_kda_gating(ctx.get(), a_log.get(), a.get(), detail::opt(dt_bias), lower_bound, detail::opt(b),
+                        g.get(), detail::opt(beta)));
+}
+
 /** ssmk_gated_delta_rule; optional arguments are nullptr when absent. Throws ssmk::error. */
 inline void gated_delta_rule(const context& ctx, const tensor& q, const tensor& k, const tensor& v, const tensor& g,
                              const tensor& beta, float scale, tensor* state, const tensor* cu_seqlens,

@@ -115,6 +115,7 @@ SIGNATURES = {
     "ssmk_causal_conv1d_fwd": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, _T, c_uint32, c_int64, _T]),
     "ssmk_causal_conv1d_update": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, c_uint32, c_int64, _T]),
     "ssmk_gdn_gating": (c_int32, [_CTX, _T, _T, _T, _T, c_float, c_float, _T, _T]),
+    "ssmk_kda_gating": (c_int32, [_CTX, _T, _T, _T, c_float, _T, _T, _T]),
     "ssmk_gated_delta_rule": (
         c_int32,
         [_CTX, _T, _T, _T, _T, _T, c_float, _T, _T, _T, _T, _T, c_uint32, c_float, c_int64, _T],
@@ -340,6 +341,12 @@ def gdn_gating(A_log, a, b, dt_bias, g, beta, softplus_beta=1.0, softplus_thresh
     A_log, a, b, dt_bias, g, beta = (k.ptr for k in keep)
     _check("ssmk_gdn_gating", lib.ssmk_gdn_gating(
         _ctx(ctx), A_log, a, b, dt_bias, softplus_beta, softplus_threshold, g, beta))
+
+
+def kda_gating(A_log, a, g, dt_bias=None, lower_bound=0.0, b=None, beta=None, ctx=None):
+    keep = [None if t is None else tensor(t) for t in (A_log, a, dt_bias, b, g, beta)]
+    A_log, a, dt_bias, b, g, beta = (None if t is None else t.ptr for t in keep)
+    _check("ssmk_kda_gating", lib.ssmk_kda_gating(_ctx(ctx), A_log, a, dt_bias, lower_bound, b, g, beta))
 
 
 def gated_delta_rule(q, k, v, g, beta, out, state=None, cu_seqlens=None, state_indices=None,

@@ -231,6 +231,26 @@ class GatedDeltaNet(unittest.TestCase):
                 self.assertAlmostEqual(g[n * HV + h], -math.exp(a_log[h]) * sp, delta=1e-5 * (1 + abs(sp)))
                 self.assertAlmostEqual(beta[n * HV + h], 1 / (1 + math.exp(-b[n * HV + h])), delta=1e-6)
 
+    def test_kda_gating_matches_formula(self):
+        N, HV, K = 2, 2, 3
+        a_log = array.array("f", [0.3, -0.2])
+        dt = array.array("f", [0.1 * i - 0.2 for i in range(HV * K)])
+        a = array.array("f", [4 * math.sin(0.7 * i) for i in range(N * HV * K)])
+        g = array.array("f", [0.0] * (N * HV * K))
+        for lower in (0.0, -5.0):
+            ssmk.kda_gating(a_log, ssmk.tensor(a, shape=(N, HV, K)), ssmk.tensor(g, shape=(N, HV, K)),
+                            dt_bias=ssmk.tensor(dt, shape=(HV, K)), lower_bound=lower)
+            for i in range(N * HV * K):
+                h, k = i // K % HV, i % K
+                x, e = a[i] + dt[h * K + k], math.exp(a_log[h])
+                want = -e * (x if x > 20 else math.log1p(math.exp(x))) if lower == 0 else lower / (1 + math.exp(-e * x))
+                self.assertAlmostEqual(g[i], want, delta=1e-5 * (1 + abs(want)))
+        with self.assertRaises(ssmk.SsmkError) as cm:
+            ssmk.kda_gating(a_log, ssmk.tensor(a, shape=(N, HV, K)), ssmk.tensor(g, shape=(N, HV, K)),
+                            lower_bound=1.0)
+        self.assertEqual(cm.exception.status, ssmk.ERR_INVALID_ARGUMENT)
+        self.assertIn("lower_bound = 1", cm.exception.message)
+
     def test_delta_rule_first_token_from_zero_state(self):
         # From a zero state: S = k (x) beta v, o = scale * (k . q) * beta * v.
         K, V = 4, 2

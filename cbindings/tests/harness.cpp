@@ -288,4 +288,35 @@ TEST_CASE(hpp_gdn_gating_matches_formula) {
     }
 }
 
+TEST_CASE(hpp_kda_gating_both_forms) {
+  const int N = 2, HV = 2, K = 3;
+  std::vector<float> a_log = {0.3f, -0.2f}, dt(HV * K), a(N * HV * K), b(N * HV), g(N * HV * K), beta(N * HV);
+  for (int i = 0; i < HV * K; ++i) dt[i] = 0.1f * i - 0.2f;
+  for (int i = 0; i < N * HV * K; ++i) a[i] = std::sin(0.7 * i) * 4;
+  for (int i = 0; i < N * HV; ++i) b[i] = std::cos(1.3 * i);
+  ssmk::context ctx(1);
+  ssmk::view<float> al(a_log.data(), {HV}), av(a.data(), {N, HV, K}), dv(dt.data(), {HV * K}),
+      bv(b.data(), {N, HV}), gv(g.data(), {N, HV, K}), betav(beta.data(), {N, HV});
+  for (float lower : {0.0f, -5.0f}) {
+    ssmk::kda_gating(ctx, al, av, &dv, lower, &bv, gv, &betav);
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < HV; ++h)
+        for (int k = 0; k < K; ++k) {
+          const int i = (n * HV + h) * K + k;
+          const double x = a[i] + dt[h * K + k], e = std::exp(static_cast<double>(a_log[h]));
+          const double want = lower == 0.0f ? -e * (x > 20.0 ? x : std::log1p(std::exp(x)))
+                                            : lower / (1.0 + std::exp(-e * x));
+          CHECK(std::fabs(g[i] - want) <= 1e-5 * (1 + std::fabs(want)));
+        }
+    for (int i = 0; i < N * HV; ++i) CHECK(std::fabs(beta[i] - 1.0 / (1.0 + std::exp(-b[i]))) <= 1e-6);
+  }
+  bool threw = false;
+  try {
+    ssmk::kda_gating(ctx, al, av, &dv, 0.0f, &bv, gv, nullptr);
+  } catch (const ssmk::error& e) {
+    threw = e.status() == SSMK_ERR_INVALID_ARGUMENT;
+  }
+  CHECK(threw);
+}
+
 int main() { return check::run_all(); }

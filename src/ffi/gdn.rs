@@ -5,7 +5,7 @@ use super::guard::guard;
 use super::sequences::{parse_initial, parse_slots, parse_starts};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::kernels::gdn::gating::{self, Gating};
+use crate::kernels::gdn::gating::{self, Gating, KdaGating};
 use crate::kernels::gdn::{self, DeltaRule, Sequence, StateWrite, Strided};
 use crate::runtime::Isa;
 use crate::tensor::{View, ssmk_tensor};
@@ -146,6 +146,151 @@ pub unsafe extern "C" fn ssmk_gdn_gating(
         };
         // SAFETY: every index in [N, HV] / [HV] is inside the validated views; outputs are disjoint.
         unsafe { gating::gdn_gating(ctx, &args) };
+        Ok(())
+    })
+}
+
+/// Computes the per-channel gates of Kimi Delta Attention for `N` tokens (ABI.md §4.8), with
+/// `x = a + dt_bias` (f32; `dt_bias` NULL: 0):
+/// - `lower_bound == 0` (Kimi Linear): `g = -exp(A_log[h]) * softplus(x)`, `softplus(x) = x` for
+///   `x > 20`, else `log(1 + exp(x))`;
+/// - `lower_bound < 0` (GLM-5-Next, Ling): `g = lower_bound * sigmoid(exp(A_log[h]) * x)`;
+///
+/// and, when `b` and `beta` are both given, `beta = sigmoid(b)`.
+///
+/// Arithmetic in f32; `beta` is rounded to its dtype (nearest even). Thread-safe; the outputs are
+/// written only after every argument has been checked.
+///
+/// @param ctx         context, or NULL for the process default.
+/// @param a_log       `[HV]` f32.
+/// @param a           `[N, HV, K]` f32/bf16/f16.
+/// @param dt_bias     `[HV, K]` or `[HV * K]` f32, or NULL.
+/// @param lower_bound `0`, or negative and finite.
+/// @param b           `[N, HV]` f32/bf16/f16, or NULL (then `beta` must be NULL too).
+/// @param g           `[N, HV, K]` f32, written; must not overlap any input, `beta` or itself.
+/// @param beta        `[N, HV]` f32/bf16/f16, written, or NULL (then `b` must be NULL too); must
+///                    not overlap any input, `g` or itself.
+/// @retval SSMK_OK                     done.
+/// @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
+/// @retval SSMK_ERR_INVALID_ARGUMENT   a shape or stride is inconsistent, `lower_bound` is positive,
+///                                     NaN or infinite, or exactly one of `b` and `beta` is NULL.
+/// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
+/// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+/// @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+/// @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+///
+/// # Safety
+/// Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+#[must_use]
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ssmk_kda_gating(
+    ctx: *const ssmk_context,
+    a_log: *const ssmk_tensor,
+    a: *const ssmk_tensor,
+    dt_bias: *const ssmk_tensor,
+    lower_bound: f32,
+    b: *const ssmk_tensor,
+    g: *mut ssmk_tensor,
+    beta: *mut ssmk_tensor,
+) -> i32 {
+    guard(|| {
+        let ctx = unsafe { resolve(ctx) };
+        let a_log = unsafe { View::required("A_log", a_log) }?;
+        let a = unsafe { View::required("a", a) }?;
+        let dt_bias = unsafe { View::optional("dt_bias", dt_bias) }?;
+        let b = unsafe { View::optional("b", b) }?;
+        let g = unsafe { View::required("g", g) }?;
+        let beta = unsafe { View::optional("beta", beta) }?;
+        a_log.expect_ndim(1)?;
+        a_log.expect_dtype(&[DType::F32])?;
+        let heads = a_log.shape[0];
+        a.expect_ndim(3)?;
+        let (rows, k_dim) = (a.shape[0], a.shape[2]);
+        expect_shape(
+            &a,
+            &[rows, heads, k_dim],
+            &["N", "HV = A_log.shape[0]", "K"],
+            &FLOATS,
+        )?;
+        let bias = match &dt_bias {
+            None => None,
+            Some(d) if d.ndim == 1 => {
+                expect_shape(d, &[heads * k_dim], &["HV * K"], &[DType::F32])?;
+                let mut flat = strided(d);
+                flat.strides = [k_dim * d.strides[0], d.strides[0], 0, 0];
+                Some(flat)
+            }
+            Some(d) => {
+                expect_shape(
+                    d,
+                    &[heads, k_dim],
+                    &["HV = A_log.shape[0]", "K = a.shape[2]"],
+                    &[DType::F32],
+                )?;
+                Some(strided(d))
+            }
+        };
+        expect_shape(
+            &g,
+            &[rows, heads, k_dim],
+            &["N = a.shape[0]", "HV = A_log.shape[0]", "K = a.shape[2]"],
+            &[DType::F32],
+        )?;
+        let gates = match (&b, &beta) {
+            (Some(b), Some(beta)) => {
+                for t in [b, beta] {
+                    expect_shape(
+                        t,
+                        &[rows, heads],
+                        &["N = a.shape[0]", "HV = A_log.shape[0]"],
+                        &FLOATS,
+                    )?;
+                }
+                Some((b, beta))
+            }
+            (None, None) => None,
+            (Some(_), None) => bail!(
+                InvalidArgument,
+                "b is given and beta is NULL, expected both or neither"
+            ),
+            (None, Some(_)) => bail!(
+                InvalidArgument,
+                "beta is given and b is NULL, expected both or neither"
+            ),
+        };
+        ensure!(
+            lower_bound.is_finite() && lower_bound <= 0.0,
+            InvalidArgument,
+            "lower_bound = {lower_bound}, expected 0 (softplus gate) or a finite negative bound"
+        );
+        let inputs: Vec<&View> = [Some(&a_log), Some(&a), dt_bias.as_ref(), b.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        for out in [Some(&g), beta.as_ref()].into_iter().flatten() {
+            out.expect_no_self_overlap()?;
+            for input in &inputs {
+                out.expect_disjoint(input)?;
+            }
+        }
+        if let Some(beta) = &beta {
+            g.expect_disjoint(beta)?;
+        }
+        let args = KdaGating {
+            rows,
+            heads,
+            k_dim,
+            a_log: strided(&a_log),
+            a: strided(&a),
+            dt_bias: bias,
+            lower_bound,
+            beta: gates.map(|(b, beta)| (strided(b), strided(beta))),
+            g: strided(&g),
+        };
+        // SAFETY: every index in [N, HV, K] / [HV, K] / [N, HV] is inside the validated views;
+        // outputs are disjoint from the inputs and each other.
+        unsafe { gating::kda_gating(ctx, &args) };
         Ok(())
     })
 }

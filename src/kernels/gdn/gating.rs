@@ -1,6 +1,7 @@
 //! `g = -exp(A_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)` (ABI.md §4.3): elementwise over
 //! `[N, HV]`, parallel over blocks of rows. O(N * HV) work next to the O(N * HV * K * V) delta rule,
-//! so plain f32 with libm-accurate `exp`/`ln_1p` is fast enough and exact enough.
+//! so plain f32 with libm-accurate `exp`/`ln_1p` is fast enough and exact enough. Kimi Delta
+//! Attention's per-channel gates (§4.8, `[N, HV, K]`) follow the same plan.
 
 use super::{Strided, read_f32, write_f32};
 use crate::dtype::DType;
@@ -69,6 +70,66 @@ pub unsafe fn gdn_gating(ctx: &Context, args: &Gating) {
                     let sp = softplus(a + bias[h], args.softplus_beta, args.softplus_threshold);
                     write_f32(args.g.at(&[n, h]), DType::F32, neg_a[h] * sp);
                     write_f32(args.beta.at(&[n, h]), args.beta.dtype, sigmoid(b));
+                }
+            }
+        }
+    });
+}
+
+/// A validated `ssmk_kda_gating` call (ABI.md §4.8): `A_log` `[HV]` f32, `a` and `g` `[N, HV, K]`
+/// (g f32), `dt_bias` `[HV, K]` f32 (a `[HV*K]` one viewed so), `b` and `beta` `[N, HV]`.
+#[derive(Clone, Copy, Debug)]
+pub struct KdaGating {
+    pub rows: usize,
+    pub heads: usize,
+    pub k_dim: usize,
+    pub a_log: Strided,
+    pub a: Strided,
+    pub dt_bias: Option<Strided>,
+    /// `0`: Kimi Linear's `-exp(A_log) softplus(x)`; `< 0`: the bounded
+    /// `lower_bound * sigmoid(exp(A_log) x)` of GLM-5-Next and Ling.
+    pub lower_bound: f32,
+    /// `(b, beta)`: `beta = sigmoid(b)` as well.
+    pub beta: Option<(Strided, Strided)>,
+    pub g: Strided,
+}
+
+/// The softplus of Kimi Linear's gate (beta 1, threshold 20).
+#[inline]
+fn kda_softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// # Safety
+/// `args` must describe validated memory; `g` and `beta` must not overlap the inputs or each other.
+pub unsafe fn kda_gating(ctx: &Context, args: &KdaGating) {
+    let (heads, k_dim) = (args.heads, args.k_dim);
+    let a_scale: Vec<f32> = (0..heads)
+        .map(|h| unsafe { read_f32(args.a_log.at(&[h]), DType::F32) }.exp())
+        .collect();
+    let tasks = args.rows.div_ceil(ROWS_PER_TASK);
+    ctx.for_each(tasks, |task| {
+        let rows = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(args.rows);
+        for n in rows {
+            for h in 0..heads {
+                // SAFETY: (n, h, k) lies in the validated [N, HV, K] (and [HV, K], [N, HV]); each
+                // row is written by one task.
+                unsafe {
+                    for k in 0..k_dim {
+                        let bias = args
+                            .dt_bias
+                            .map_or(0.0, |d| read_f32(d.at(&[h, k]), DType::F32));
+                        let x = read_f32(args.a.at(&[n, h, k]), args.a.dtype) + bias;
+                        let g = match args.lower_bound == 0.0 {
+                            true => -a_scale[h] * kda_softplus(x),
+                            false => args.lower_bound * sigmoid(a_scale[h] * x),
+                        };
+                        write_f32(args.g.at(&[n, h, k]), DType::F32, g);
+                    }
+                    if let Some((b, beta)) = &args.beta {
+                        let v = sigmoid(read_f32(b.at(&[n, h]), b.dtype));
+                        write_f32(beta.at(&[n, h]), beta.dtype, v);
+                    }
                 }
             }
         }

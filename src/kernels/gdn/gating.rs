@@ -58,21 +58,24 @@ pub unsafe fn gdn_gating(ctx: &Context, args: &Gating) {
     let bias: Vec<f32> = (0..heads)
         .map(|h| unsafe { read_f32(args.dt_bias.at(&[h]), args.dt_bias.dtype) })
         .collect();
-    let tasks = args.rows.div_ceil(ROWS_PER_TASK);
-    ctx.for_each(tasks, |task| {
-        let rows = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(args.rows);
-        for n in rows {
-            for h in 0..heads {
-                // SAFETY: (n, h) lies in the validated [N, HV]; each row is written by one task.
-                unsafe {
-                    let a = read_f32(args.a.at(&[n, h]), args.a.dtype);
-                    let b = read_f32(args.b.at(&[n, h]), args.b.dtype);
-                    let sp = softplus(a + bias[h], args.softplus_beta, args.softplus_threshold);
-                    write_f32(args.g.at(&[n, h]), DType::F32, neg_a[h] * sp);
-                    write_f32(args.beta.at(&[n, h]), args.beta.dtype, sigmoid(b));
-                }
+    for_each_row(ctx, args.rows, |n| {
+        for h in 0..heads {
+            // SAFETY: (n, h) lies in the validated [N, HV]; each row is written by one task.
+            unsafe {
+                let a = read_f32(args.a.at(&[n, h]), args.a.dtype);
+                let b = read_f32(args.b.at(&[n, h]), args.b.dtype);
+                let sp = softplus(a + bias[h], args.softplus_beta, args.softplus_threshold);
+                write_f32(args.g.at(&[n, h]), DType::F32, neg_a[h] * sp);
+                write_f32(args.beta.at(&[n, h]), args.beta.dtype, sigmoid(b));
             }
         }
+    });
+}
+
+/// Runs `row(n)` for every row `n < rows`, [`ROWS_PER_TASK`] rows per task.
+fn for_each_row(ctx: &Context, rows: usize, row: impl Fn(usize) + Send + Sync) {
+    ctx.for_each(rows.div_ceil(ROWS_PER_TASK), |task| {
+        (task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(rows)).for_each(&row)
     });
 }
 
@@ -107,29 +110,25 @@ pub unsafe fn kda_gating(ctx: &Context, args: &KdaGating) {
     let a_scale: Vec<f32> = (0..heads)
         .map(|h| unsafe { read_f32(args.a_log.at(&[h]), DType::F32) }.exp())
         .collect();
-    let tasks = args.rows.div_ceil(ROWS_PER_TASK);
-    ctx.for_each(tasks, |task| {
-        let rows = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(args.rows);
-        for n in rows {
-            for h in 0..heads {
-                // SAFETY: (n, h, k) lies in the validated [N, HV, K] (and [HV, K], [N, HV]); each
-                // row is written by one task.
-                unsafe {
-                    for k in 0..k_dim {
-                        let bias = args
-                            .dt_bias
-                            .map_or(0.0, |d| read_f32(d.at(&[h, k]), DType::F32));
-                        let x = read_f32(args.a.at(&[n, h, k]), args.a.dtype) + bias;
-                        let g = match args.lower_bound == 0.0 {
-                            true => -a_scale[h] * kda_softplus(x),
-                            false => args.lower_bound * sigmoid(a_scale[h] * x),
-                        };
-                        write_f32(args.g.at(&[n, h, k]), DType::F32, g);
-                    }
-                    if let Some((b, beta)) = &args.beta {
-                        let v = sigmoid(read_f32(b.at(&[n, h]), b.dtype));
-                        write_f32(beta.at(&[n, h]), beta.dtype, v);
-                    }
+    for_each_row(ctx, args.rows, |n| {
+        for h in 0..heads {
+            // SAFETY: (n, h, k) lies in the validated [N, HV, K] (and [HV, K], [N, HV]); each
+            // row is written by one task.
+            unsafe {
+                for k in 0..k_dim {
+                    let bias = args
+                        .dt_bias
+                        .map_or(0.0, |d| read_f32(d.at(&[h, k]), DType::F32));
+                    let x = read_f32(args.a.at(&[n, h, k]), args.a.dtype) + bias;
+                    let g = match args.lower_bound == 0.0 {
+                        true => -a_scale[h] * kda_softplus(x),
+                        false => args.lower_bound * sigmoid(a_scale[h] * x),
+                    };
+                    write_f32(args.g.at(&[n, h, k]), DType::F32, g);
+                }
+                if let Some((b, beta)) = &args.beta {
+                    let v = sigmoid(read_f32(b.at(&[n, h]), b.dtype));
+                    write_f32(beta.at(&[n, h]), beta.dtype, v);
                 }
             }
         }

@@ -576,7 +576,7 @@ const HEADS: [(usize, usize); 2] = [(2, 4), (4, 4)];
 const STATES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 /// The full product for the small head dims (every seq-len list x heads x state dtype x l2norm;
-/// one case in 11 in the small-shape mode).
+/// one case in 17 in the small-shape mode).
 #[test]
 fn every_isa_matches_reference_small_head_dims() {
     let mut seed = 1;
@@ -586,7 +586,7 @@ fn every_isa_matches_reference_small_head_dims() {
                 for state in STATES {
                     for l2norm in [true, false] {
                         seed += 1;
-                        if !common::sampled(seed, 11) {
+                        if !common::sampled(seed, 17) {
                             continue;
                         }
                         let p = batch_case(seed, lens, heads, dims, DType::BF16, state, l2norm);
@@ -603,7 +603,7 @@ fn every_isa_matches_reference_small_head_dims() {
     }
 }
 
-/// K = V = 128: the same full product (one case in 13 in the small-shape mode), plus heads (4,4)
+/// K = V = 128: the same full product (one case in 19 in the small-shape mode), plus heads (4,4)
 /// with a decode next to a long prefill.
 #[test]
 fn every_isa_matches_reference_head_dim_128() {
@@ -613,7 +613,7 @@ fn every_isa_matches_reference_head_dim_128() {
             for state in STATES {
                 for l2norm in [true, false] {
                     seed += 1;
-                    if !common::sampled(seed, 13) {
+                    if !common::sampled(seed, 19) {
                         continue;
                     }
                     let p = batch_case(seed, lens, heads, (128, 128), DType::BF16, state, l2norm);

@@ -369,6 +369,11 @@ fn check_variant(got: &Tensor, reference: &Tensor, silu: bool, what: &str) {
     }
 }
 
+/// The SIMD levels under test, each compared with the portable reference run beside it.
+fn simd_levels() -> impl Iterator<Item = Isa> {
+    Isa::under_test().into_iter().filter(|&i| i != Isa::Scalar)
+}
+
 /// Runs `f` through every ISA, checks each against the f64 reference and the portable reference.
 fn check_fwd_all_isas(f: &Fwd, what: &str) {
     let ctx = Ctx::new(1);
@@ -377,7 +382,7 @@ fn check_fwd_all_isas(f: &Fwd, what: &str) {
     reference.run(&ctx, Some(Isa::Scalar));
     check_out(&reference.out, &f.out, &want_out, &format!("{what} scalar"));
     check_states(&reference.states, &want_states, &format!("{what} scalar"));
-    for isa in Isa::under_test().into_iter().filter(|&i| i != Isa::Scalar) {
+    for isa in simd_levels() {
         let mut g = f.dup();
         g.run(&ctx, Some(isa));
         let w = format!("{what} {isa:?}");
@@ -839,7 +844,7 @@ fn check_update_all_isas(u: &Update, what: &str) {
         &Some(Tensor::clone(&want_states)),
         &format!("{what} scalar"),
     );
-    for isa in Isa::under_test().into_iter().filter(|&i| i != Isa::Scalar) {
+    for isa in simd_levels() {
         let mut g = u.dup();
         g.run(&ctx, Some(isa));
         let w = format!("{what} {isa:?}");

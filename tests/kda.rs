@@ -12,6 +12,33 @@ use ssmk::ffi::status::*;
 use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
+/// `ssmk_kda_gating` with these descriptors (`None` = NULL).
+#[allow(clippy::too_many_arguments)]
+fn export(
+    ctx: &Ctx,
+    a_log: Option<&ssmk_tensor>,
+    a: &ssmk_tensor,
+    dt_bias: Option<&ssmk_tensor>,
+    lower_bound: f32,
+    b: Option<&ssmk_tensor>,
+    g: &mut ssmk_tensor,
+    beta: Option<&mut ssmk_tensor>,
+) -> i32 {
+    let p = |d: Option<&ssmk_tensor>| d.map_or(std::ptr::null(), |d| d as *const _);
+    unsafe {
+        ssmk_kda_gating(
+            ctx.0,
+            p(a_log),
+            a,
+            p(dt_bias),
+            lower_bound,
+            p(b),
+            g,
+            beta.map_or(std::ptr::null_mut(), |d| d as *mut _),
+        )
+    }
+}
+
 /// One gating call's tensors.
 struct Gates {
     a_log: Tensor,
@@ -57,21 +84,18 @@ impl Gates {
 
     fn call(&mut self, ctx: &Ctx) -> i32 {
         let d = |t: &Option<Tensor>| t.as_ref().map(Tensor::desc);
-        let p = |d: &Option<ssmk_tensor>| d.as_ref().map_or(std::ptr::null(), |d| d as *const _);
         let (al, a, mut g) = (self.a_log.desc(), self.a.desc(), self.g.desc());
         let (bias, b, mut beta) = (d(&self.dt_bias), d(&self.b), d(&self.beta));
-        unsafe {
-            ssmk_kda_gating(
-                ctx.0,
-                &al,
-                &a,
-                p(&bias),
-                self.lower_bound,
-                p(&b),
-                &mut g,
-                beta.as_mut().map_or(std::ptr::null_mut(), |d| d as *mut _),
-            )
-        }
+        export(
+            ctx,
+            Some(&al),
+            &a,
+            bias.as_ref(),
+            self.lower_bound,
+            b.as_ref(),
+            &mut g,
+            beta.as_mut(),
+        )
     }
 
     /// Checks g and beta against f64 math.
@@ -267,50 +291,27 @@ fn kda_gating_rejects_bad_inputs() {
     let gates = Gates::new(3, 4, 16, DType::F32, 12);
     let before = gates.a.bytes();
     let (al, a) = (gates.a_log.desc(), gates.a.desc());
+    let ctx = Ctx::new(1);
     let mut g = gates.a.desc();
-    let code = unsafe {
-        ssmk_kda_gating(
-            std::ptr::null(),
-            &al,
-            &a,
-            std::ptr::null(),
-            0.0,
-            std::ptr::null(),
-            &mut g,
-            std::ptr::null_mut(),
-        )
-    };
+    let code = export(&ctx, Some(&al), &a, None, 0.0, None, &mut g, None);
     assert_error(code, SSMK_ERR_ALIASING, &["g", "a"]);
     assert!(gates.a.bytes() == before);
     let b = gates.b.as_ref().unwrap().desc();
     let mut g = gates.g.desc();
     let mut beta = gates.g.desc();
     beta.ndim = 2;
-    let code = unsafe {
-        ssmk_kda_gating(
-            std::ptr::null(),
-            &al,
-            &a,
-            std::ptr::null(),
-            0.0,
-            &b,
-            &mut g,
-            &mut beta,
-        )
-    };
+    let code = export(
+        &ctx,
+        Some(&al),
+        &a,
+        None,
+        0.0,
+        Some(&b),
+        &mut g,
+        Some(&mut beta),
+    );
     assert_error(code, SSMK_ERR_ALIASING, &["beta"]);
     // Required descriptors.
-    let code = unsafe {
-        ssmk_kda_gating(
-            std::ptr::null(),
-            std::ptr::null(),
-            &a,
-            std::ptr::null(),
-            0.0,
-            std::ptr::null(),
-            &mut g,
-            std::ptr::null_mut(),
-        )
-    };
+    let code = export(&ctx, None, &a, None, 0.0, None, &mut g, None);
     assert_error(code, SSMK_ERR_NULL_POINTER, &["A_log"]);
 }

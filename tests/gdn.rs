@@ -1,6 +1,7 @@
-//! Gated DeltaNet: `ssmk_gdn_gating` and `ssmk_gated_delta_rule` against an independent f64
-//! per-token reference written here, plus splits, mixed batches, speculative mode, padding, NULL
-//! arguments, every rejected input, thread-count determinism and every ISA level.
+//! Gated DeltaNet and Kimi Delta Attention: `ssmk_gdn_gating` and `ssmk_gated_delta_rule` (with
+//! `g` `[T, HV]` or per key channel `[T, HV, K]`) against an independent f64 per-token reference
+//! written here, plus splits, mixed batches, speculative mode, padding, NULL arguments, every
+//! rejected input, thread-count determinism and every ISA level, for both gate shapes.
 //!
 //! Tolerances (|got - want| <= atol + rtol * |want|), set from the storage rounding of each dtype
 //! plus f32 accumulation over a few hundred tokens:
@@ -192,6 +193,42 @@ impl Gdn {
         }
     }
 
+    /// Per-channel (KDA) log-decays `[T, HV, K]` over [-20, 0]: per (v-head, channel), one in
+    /// four channels barely decays (`g` in [-1e-3, 0]), one in four decays by about -20 per
+    /// token, the rest draw each token's `g` from [-20, 0]; so every chunk mixes ~0 and -20.
+    fn with_channel_decays(mut self, seed: u64) -> Gdn {
+        let mut rng = Rng::new(seed);
+        let (t, hv, kd) = (self.t, self.hv, self.kd);
+        let kinds: Vec<usize> = (0..hv * kd).map(|_| rng.below(4)).collect();
+        let g = Tensor::zeros(DType::F32, &[t, hv, kd]);
+        let p = g.base().cast::<f32>();
+        for i in 0..t * hv * kd {
+            let u = rng.uniform();
+            let x = match kinds[i % (hv * kd)] {
+                0 => -1e-3 * u,
+                1 => -19.5 - 0.5 * u,
+                _ => -20.0 * u,
+            };
+            unsafe { p.add(i).write(x as f32) };
+        }
+        self.g = g;
+        self
+    }
+
+    /// The same call with the per-head `g` `[T, HV]` repeated over every key channel.
+    fn with_broadcast_decays(&self) -> Gdn {
+        let mut p = self.clone_all();
+        let (t, hv, kd) = (self.t, self.hv, self.kd);
+        let g = values(&self.g);
+        let wide = Tensor::zeros(DType::F32, &[t, hv, kd]);
+        let w = wide.base().cast::<f32>();
+        for i in 0..t * hv * kd {
+            unsafe { w.add(i).write(g[i / kd] as f32) };
+        }
+        p.g = wide;
+        p
+    }
+
     fn with_seqs(mut self, lens: &[usize]) -> Gdn {
         let mut cu = vec![0i64];
         for &l in lens {
@@ -360,6 +397,7 @@ fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
         p.scale as f64
     };
     let l2 = p.flags & SSMK_GDN_QK_L2NORM != 0;
+    let per_channel = p.g.shape.len() == 3;
     let mut exp = Expect {
         out: vec![None; p.t * hv_n * vd],
         states: HashMap::new(),
@@ -393,11 +431,18 @@ fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
                 let qr = &q[(t * h_n + h) * kd..][..kd];
                 let kr = &k[(t * h_n + h) * kd..][..kd];
                 let (qn, kn) = (norm(qr), norm(kr));
-                let a = g[t * hv_n + hv].exp();
+                // a_t per state row: one per v-head, or one per key channel (KDA).
+                let a: Vec<f64> = match per_channel {
+                    true => g[(t * hv_n + hv) * kd..][..kd]
+                        .iter()
+                        .map(|x| x.exp())
+                        .collect(),
+                    false => vec![g[t * hv_n + hv].exp(); kd],
+                };
                 let b = beta[t * hv_n + hv];
                 let sm = &mut state[hv * kd * vd..][..kd * vd];
                 let mut kv = vec![0f64; vd];
-                for r in 0..kd {
+                for (r, &a) in a.iter().enumerate() {
                     let kr = kr[r] * kn;
                     for j in 0..vd {
                         sm[r * vd + j] *= a;
@@ -640,8 +685,8 @@ fn every_isa_matches_reference_head_dim_128() {
 }
 
 /// `SSMK_GDN_GQA_TILED` (v-head `hv` reads q/k head `hv % H`): GQA groups of 2, 3 and 4, on
-/// both paths and in waves of q/k heads, decodes beside prefills; with H = 1 and HV = H the two
-/// orders coincide.
+/// both paths and in waves of q/k heads, decodes beside prefills, both gate shapes; with H = 1
+/// and HV = H the two orders coincide.
 #[test]
 fn every_isa_tiled_gqa_order_matches_reference() {
     let mut seed = 900;
@@ -656,13 +701,93 @@ fn every_isa_tiled_gqa_order_matches_reference() {
             (&[1usize, 70, 1][..], DType::F32),
             (&[130, 2, 64], DType::BF16),
         ] {
+            for kda in [false, true] {
+                seed += 1;
+                let mut p = batch_case(seed, lens, heads, dims, DType::BF16, state, seed.is_multiple_of(3));
+                if kda {
+                    p = p.with_channel_decays(seed);
+                }
+                p.flags |= SSMK_GDN_GQA_TILED;
+                run_and_verify(
+                    &p,
+                    &format!("tiled heads {heads:?} dims {dims:?} lens {lens:?} kda {kda}"),
+                );
+            }
+        }
+    }
+}
+
+/// Per-channel decays (KDA) over every seq-len list x head dims (32, 64, 128 and odd sizes), each
+/// case taking the next of the head configs (GQA in both orders, no GQA), state dtypes and l2norm
+/// settings in turn (strides coprime to the list count, so each list meets each option); one case
+/// in 5 in the small-shape mode.
+#[test]
+fn every_isa_kda_matches_reference() {
+    let heads_orders: [((usize, usize), bool); 3] =
+        [((2, 4), false), ((2, 4), true), ((3, 3), false)];
+    let mut seed = 1000u64;
+    for dims in [(32, 32), (64, 64), (128, 128), (45, 36)] {
+        for lens in SEQ_LEN_LISTS {
             seed += 1;
-            let mut p = batch_case(seed, lens, heads, dims, DType::BF16, state, seed % 2 == 0);
-            p.flags |= SSMK_GDN_GQA_TILED;
+            if !common::sampled(seed, 5) {
+                continue;
+            }
+            let (heads, tiled) = heads_orders[seed as usize % 3];
+            let state = STATES[(seed / 3) as usize % 3];
+            let l2norm = seed.is_multiple_of(2);
+            let mut p = batch_case(seed, lens, heads, dims, DType::BF16, state, l2norm)
+                .with_channel_decays(seed);
+            if tiled {
+                p.flags |= SSMK_GDN_GQA_TILED;
+            }
             run_and_verify(
                 &p,
-                &format!("tiled heads {heads:?} dims {dims:?} lens {lens:?}"),
+                &format!(
+                    "kda lens {lens:?} heads {heads:?} tiled {tiled} dims {dims:?} state {state:?} l2norm {l2norm}"
+                ),
             );
+        }
+    }
+}
+
+/// `g` `[T, HV, K]` with every channel equal to the per-head gate gives the `[T, HV]` result on
+/// every ISA and path, within twice the tolerance of each against the reference (both forms
+/// round differently: per-row decays fold into `kv`, and the chunked forms differ).
+#[test]
+fn every_isa_kda_equal_channels_match_per_head_gate() {
+    for (i, (lens, dims, state)) in [
+        (&[1usize, 130, 3][..], (64, 64), DType::F32),
+        (&[70, 1, 2], (45, 36), DType::BF16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let scalar = batch_case(1100 + i as u64, lens, (2, 4), dims, DType::F32, state, true);
+        let wide = scalar.with_broadcast_decays();
+        for isa in Isa::under_test() {
+            for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
+                let (mut a, mut b) = (scalar.clone_all(), wide.clone_all());
+                for x in [&mut a, &mut b] {
+                    let code = x.call_with(isa, path, std::ptr::null());
+                    assert_eq!(code, SSMK_OK, "{}", common::last_error());
+                }
+                for (x, y) in [
+                    (&b.out, &a.out),
+                    (b.state.as_ref().unwrap(), a.state.as_ref().unwrap()),
+                ] {
+                    let t = tol(x.dtype);
+                    let t = Tol {
+                        atol: 2.0 * t.atol,
+                        rtol: 2.0 * t.rtol,
+                    };
+                    for (j, (g, w)) in values(x).iter().zip(values(y)).enumerate() {
+                        assert!(
+                            close(*g, w, t),
+                            "{isa:?} {path:?} lens {lens:?}: [{j}] per-channel {g} vs per-head {w}"
+                        );
+                    }
+                }
+            }
         }
     }
 }
@@ -707,14 +832,15 @@ fn every_isa_activation_dtypes_scale_and_strides() {
     run_and_verify(&p, "strided");
 }
 
-/// A prefill split over two calls (the second continuing from the state) matches one call.
+/// A prefill split over two calls (the second continuing from the state) matches one call, for
+/// both gate shapes.
 #[test]
 fn two_calls_equal_one_call() {
     for (i, &(t, split)) in [(128, 64), (145, 64), (145, 73), (273, 128), (192, 65)]
         .iter()
         .enumerate()
     {
-        for state in STATES {
+        for (state, kda) in STATES.into_iter().flat_map(|s| [(s, false), (s, true)]) {
             let mut one = Gdn::new(
                 300 + i as u64,
                 t,
@@ -726,6 +852,9 @@ fn two_calls_equal_one_call() {
                 Some((state, 2)),
                 true,
             );
+            if kda {
+                one = one.with_channel_decays(i as u64);
+            }
             one.idx = Some(Tensor::ints(DType::I32, &[1]));
             one.init = Some(Tensor::ints(DType::U8, &[1]));
             let mut two = one.clone_all();
@@ -749,7 +878,7 @@ fn two_calls_equal_one_call() {
                 "{}",
                 common::last_error()
             );
-            let what = format!("T {t} split {split} state {state:?}");
+            let what = format!("T {t} split {split} state {state:?} kda {kda}");
             let (o1, o2) = (values(&one.out), values(&two.out));
             let ot = Tol {
                 atol: 2.0 * tol(DType::BF16).atol,
@@ -774,9 +903,15 @@ fn two_calls_equal_one_call() {
 }
 
 /// Decodes and prefills (and a padded and a zero-length sequence) in one call give bit-identical
-/// results to one call per sequence.
+/// results to one call per sequence, for both gate shapes.
 #[test]
 fn mixed_batch_equals_separate_calls() {
+    for kda in [false, true] {
+        mixed_batch_case(kda);
+    }
+}
+
+fn mixed_batch_case(kda: bool) {
     let lens = [1usize, 100, 1, 0, 1, 70, 3, 1];
     let slots = [3i64, 0, 7, PAD, 2, 5, 1, 9];
     let init = [1i64, 0, 1, 1, 1, 1, 0, 1];
@@ -792,6 +927,9 @@ fn mixed_batch_equals_separate_calls() {
         true,
     )
     .with_seqs(&lens);
+    if kda {
+        all = all.with_channel_decays(400);
+    }
     all.idx = Some(Tensor::ints(DType::I32, &slots));
     all.init = Some(Tensor::ints(DType::Bool, &init));
     let mut sep = all.clone_all();
@@ -815,16 +953,19 @@ fn mixed_batch_equals_separate_calls() {
         );
         start += lens[b] as i64;
     }
-    assert!(all.out.bytes() == sep.out.bytes(), "outputs differ");
+    assert!(
+        all.out.bytes() == sep.out.bytes(),
+        "kda {kda}: outputs differ"
+    );
     assert!(
         all.state.as_ref().unwrap().bytes() == sep.state.as_ref().unwrap().bytes(),
-        "states differ"
+        "kda {kda}: states differ"
     );
     verify(
         &before,
         &all,
         &reference(&before, &plain_seqs(&before)),
-        "mixed batch",
+        &format!("mixed batch kda {kda}"),
     );
 }
 
@@ -851,10 +992,12 @@ fn every_isa_speculative_matches_reference() {
         }
     }
     table[4 * smax] = PAD; // sequence 4 is padded
-    for (state, dims) in [
-        (DType::F32, (32, 32)),
-        (DType::BF16, (64, 32)),
-        (DType::F16, (32, 48)),
+    for (state, dims, kda) in [
+        (DType::F32, (32, 32), false),
+        (DType::BF16, (64, 32), false),
+        (DType::F16, (32, 48), false),
+        (DType::F32, (32, 32), true),
+        (DType::BF16, (45, 20), true),
     ] {
         let mut p = Gdn::new(
             500,
@@ -868,6 +1011,9 @@ fn every_isa_speculative_matches_reference() {
             true,
         )
         .with_seqs(&lens);
+        if kda {
+            p = p.with_channel_decays(500);
+        }
         let mut idx = Tensor::zeros(DType::I32, &[lens.len(), smax]);
         for b in 0..lens.len() {
             for c in 0..smax {
@@ -908,7 +1054,7 @@ fn every_isa_speculative_matches_reference() {
                 &p,
                 &a,
                 &exp,
-                &format!("speculative {isa:?} state {state:?}"),
+                &format!("speculative {isa:?} state {state:?} kda {kda}"),
             );
         }
     }
@@ -919,8 +1065,15 @@ fn every_isa_speculative_matches_reference() {
 /// state back (zeros without one).
 #[test]
 fn padding_null_arguments_and_empty_sequences() {
+    for kda in [false, true] {
+        padding_case(kda);
+    }
+}
+
+fn padding_case(kda: bool) {
+    let with_decays = |p: Gdn, seed| if kda { p.with_channel_decays(seed) } else { p };
     let lens = [4usize, 0, 66, 0, 1];
-    let mut p = Gdn::new(
+    let p = Gdn::new(
         600,
         71,
         2,
@@ -932,6 +1085,7 @@ fn padding_null_arguments_and_empty_sequences() {
         true,
     )
     .with_seqs(&lens);
+    let mut p = with_decays(p, 600);
     p.idx = Some(Tensor::ints(DType::I32, &[PAD, 4, 2, 0, PAD]));
     p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 1, 0, 1]));
     let mut a = p.clone_all();
@@ -955,7 +1109,7 @@ fn padding_null_arguments_and_empty_sequences() {
     );
     assert!(sa.bytes()[..slot_bytes].iter().all(|&x| x == 0));
 
-    let mut p = Gdn::new(
+    let p = Gdn::new(
         601,
         70,
         2,
@@ -967,6 +1121,7 @@ fn padding_null_arguments_and_empty_sequences() {
         false,
     )
     .with_seqs(&[1, 69]);
+    let mut p = with_decays(p, 601);
     let mut a = p.clone_all();
     assert_eq!(
         a.call(std::ptr::null()),
@@ -993,9 +1148,15 @@ fn padding_null_arguments_and_empty_sequences() {
     verify(&p, &a, &reference(&p, &plain_seqs(&p)), "NULL state");
 }
 
-/// Results are bitwise identical on one and two threads.
+/// Results are bitwise identical on one and two threads, for both gate shapes.
 #[test]
 fn one_and_two_threads_bitwise_equal() {
+    for kda in [false, true] {
+        threads_case(kda);
+    }
+}
+
+fn threads_case(kda: bool) {
     let lens = [1usize, 130, 1, 65, 2, 1];
     let mut p = Gdn::new(
         700,
@@ -1009,6 +1170,9 @@ fn one_and_two_threads_bitwise_equal() {
         true,
     )
     .with_seqs(&lens);
+    if kda {
+        p = p.with_channel_decays(700);
+    }
     p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 0, 1, 1, 1]));
     let mut results = Vec::new();
     for threads in [1, 2] {
@@ -1018,23 +1182,25 @@ fn one_and_two_threads_bitwise_equal() {
         unsafe { ssmk_context_destroy(ctx) };
         results.push((a.out.bytes(), a.state.as_ref().unwrap().bytes()));
     }
-    assert!(results[0] == results[1], "1 vs 2 threads differ");
+    assert!(results[0] == results[1], "kda {kda}: 1 vs 2 threads differ");
 }
 
 /// Every ISA level this CPU runs, each path, against the crate's f64 reference (`Isa::Scalar`);
-/// odd K and V with SIMD tails, and every state dtype.
+/// odd K and V with SIMD tails, every state dtype, both gate shapes.
 #[test]
 fn every_isa_matches_crate_reference() {
-    for (dims, state) in [
-        ((45, 36), DType::F32),
-        ((32, 20), DType::BF16),
-        ((16, 7), DType::F16),
+    for (dims, state, kda) in [
+        ((45, 36), DType::F32, false),
+        ((32, 20), DType::BF16, false),
+        ((16, 7), DType::F16, false),
+        ((45, 36), DType::F32, true),
+        ((17, 20), DType::BF16, true),
     ] {
-        every_isa_case(dims, state);
+        every_isa_case(dims, state, kda);
     }
 }
 
-fn every_isa_case(dims: (usize, usize), state: DType) {
+fn every_isa_case(dims: (usize, usize), state: DType, kda: bool) {
     let lens = [1usize, 3, 64, 129, 1];
     let mut p = Gdn::new(
         800,
@@ -1048,6 +1214,9 @@ fn every_isa_case(dims: (usize, usize), state: DType) {
         true,
     )
     .with_seqs(&lens);
+    if kda {
+        p = p.with_channel_decays(800);
+    }
     p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 1, 1, 0]));
     let mut want = p.clone_all();
     assert_eq!(
@@ -1071,7 +1240,7 @@ fn every_isa_case(dims: (usize, usize), state: DType) {
                 for (i, (g, w)) in values(x).iter().zip(values(y)).enumerate() {
                     assert!(
                         close(*g, w, t),
-                        "{isa:?} {path:?}: [{i}] {g} vs reference {w}"
+                        "{isa:?} {path:?} kda {kda}: [{i}] {g} vs reference {w}"
                     );
                 }
             }
@@ -1282,6 +1451,10 @@ fn delta_rule_rejects_bad_inputs() {
     let k_wrong = Tensor::zeros(DType::BF16, &[7, 2, 9]);
     let v_wrong = Tensor::zeros(DType::BF16, &[7, 3, 8]);
     let g_bf16 = Tensor::zeros(DType::BF16, &[7, 4]);
+    let g_channels_bf16 = Tensor::zeros(DType::BF16, &[7, 4, 8]);
+    let g_channels_wrong = Tensor::zeros(DType::F32, &[7, 4, 9]);
+    let g_ndim4 = Tensor::zeros(DType::F32, &[7, 4, 8, 1]);
+    let g_ndim1 = Tensor::zeros(DType::F32, &[7]);
     let beta_wrong = Tensor::zeros(DType::BF16, &[7, 5]);
     let out_wrong = Tensor::zeros(DType::BF16, &[7, 4, 9]);
     let out_int = Tensor::zeros(DType::I32, &[7, 4, 8]);
@@ -1315,6 +1488,34 @@ fn delta_rule_rejects_bad_inputs() {
             Box::new(|d| d.g = g_bf16.desc()),
             SSMK_ERR_UNSUPPORTED_DTYPE,
             "g.dtype = bfloat16",
+        ),
+        (
+            "per-channel g dtype",
+            none(),
+            Box::new(|d| d.g = g_channels_bf16.desc()),
+            SSMK_ERR_UNSUPPORTED_DTYPE,
+            "g.dtype = bfloat16",
+        ),
+        (
+            "per-channel g width",
+            none(),
+            Box::new(|d| d.g = g_channels_wrong.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "g.shape[2] = 9, expected K = q.shape[2] = 8",
+        ),
+        (
+            "g ndim 4",
+            none(),
+            Box::new(|d| d.g = g_ndim4.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "g.ndim = 4, expected 2 ([T, HV], a decay per v-head) or 3 ([T, HV, K], a decay per key channel)",
+        ),
+        (
+            "g ndim 1",
+            none(),
+            Box::new(|d| d.g = g_ndim1.desc()),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "g.ndim = 1, expected 2",
         ),
         (
             "beta shape",

@@ -300,9 +300,13 @@ pub unsafe extern "C" fn ssmk_kda_gating(
 ///
 /// Per sequence and v-head `hv` (q/k head `hv / (HV/H)`, or `hv % H` with SSMK_GDN_GQA_TILED), per token `t` with `a_t = exp(g_t)`:
 /// `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
-/// where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. Long sequences use
-/// the chunked WY form (chunks of 64 tokens), short ones the recurrence; both agree with the
-/// per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
+/// where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. With `g` `[T, HV]`
+/// (Gated DeltaNet) `a_t` scales the whole state; with `g` `[T, HV, K]` (Kimi Delta Attention)
+/// `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. Log-decays below about -87
+/// act as -87 (`exp` is clamped to the smallest normal float, never 0, NaN or inf); `g > 0` is
+/// unspecified. Long sequences use the chunked WY form (chunks of 64 tokens; per-channel decays in
+/// sub-chunks of 16 that only ever exponentiate or multiply decays <= 1), short ones the
+/// recurrence; both agree with the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
 /// state is rounded once per sequence (once per token in speculative mode). Results are bitwise
 /// identical for any thread count, and a sequence's results do not depend on the others in the call.
 ///
@@ -317,6 +321,7 @@ pub unsafe extern "C" fn ssmk_kda_gating(
 ///
 /// Memory: sequences of 24 tokens or more take the chunked form, which needs scratch of about
 /// `(2K + HV/H (K + V + 65)) * 256` bytes per 64-token chunk for each q/k head processed at once
+/// (`(2K + HV/H (3K + V + 65)) * 256` with per-channel decays)
 /// (heads are processed in waves, only as many as keep the threads busy). Up to 64 MiB of it is
 /// kept by the calling thread for its next call; nothing else is allocated per token.
 ///
@@ -331,7 +336,8 @@ pub unsafe extern "C" fn ssmk_kda_gating(
 /// @param q                   `[T, H, K]` f32/bf16/f16.
 /// @param k                   `[T, H, K]` f32/bf16/f16.
 /// @param v                   `[T, HV, V]` f32/bf16/f16, `HV % H == 0`.
-/// @param g                   `[T, HV]` f32, log of the per-token decay.
+/// @param g                   `[T, HV]` or `[T, HV, K]` f32, log of the per-token decay (per
+///                            v-head, or per key channel).
 /// @param beta                `[T, HV]` f32/bf16/f16.
 /// @param scale               output scale; `<= 0` selects `1/sqrt(K)`. Must be finite.
 /// @param state               `[S, HV, K, V]` f32/bf16/f16 (`[k][v]` order), read and written in
@@ -427,10 +433,18 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
             InvalidArgument,
             "v.shape[2] = 0, expected V >= 1"
         );
+        // One log-decay per v-head (Gated DeltaNet) or per key channel (KDA).
+        let per_channel = g.ndim == 3;
+        ensure!(
+            g.ndim == 2 || per_channel,
+            InvalidArgument,
+            "g.ndim = {}, expected 2 ([T, HV], a decay per v-head) or 3 ([T, HV, K], a decay per key channel)",
+            g.ndim
+        );
         expect_shape(
             &g,
-            &[tokens, v_heads],
-            &["T = q.shape[0]", "HV = v.shape[1]"],
+            &[tokens, v_heads, k_dim][..g.ndim],
+            &["T = q.shape[0]", "HV = v.shape[1]", "K = q.shape[2]"],
             &[DType::F32],
         )?;
         expect_shape(
@@ -570,6 +584,7 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
             scale,
             l2norm_eps: l2norm.then_some(l2norm_eps),
             gqa_tiled: flags & SSMK_GDN_GQA_TILED != 0,
+            per_channel,
             sequences,
         };
         // SAFETY: all shapes, slots and overlaps were checked above.

@@ -10,14 +10,33 @@
 //! the group) stores `-w`, `u`, the masked `P = q k^T o decay` and `G` in scratch; pass 2
 //! ([`inter`], one task per (sequence, v-head)) runs the chunks of the sequence in order.
 //! Everything is f32; the state stays f32 for the whole sequence.
+//!
+//! Per-channel decays (KDA) make `G` a `K`-vector per token, so `e^(G_i - G_j)` no longer factors
+//! out of `k k^T`, and `e^(+G)` of a chunk (up to `e^(64*20)`) cannot be formed. [`intra`] then
+//! works from the per-token decays `a = e^g <= 1` only: every factor it forms is a product of
+//! consecutive `a`s (so `<= 1`, accurate to a few ulps, never a difference of large cumulative
+//! sums). The chunk is cut into sub-chunks of [`SUB`] tokens; for rows of sub-chunk `I` (from
+//! token `n`) and columns `j < n`, `e^(G_i - G_j) = e^(G_i - G_(n-1)) e^(G_(n-1) - G_j)`, both
+//! factors `<= 1`, so those blocks of `k k^T` and `q k^T` are one GEMM per sub-chunk; the
+//! diagonal blocks are summed pair by pair with the running product. Pass 1 then also stores
+//! `q * e^G`, `k * e^(G_last - G)` and `e^(G_last)` per v-head for pass 2.
 
 use super::gemm::{MatA, gemm};
 use super::{
-    CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, load_row, prefetch_l2, store_row,
+    CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, exp_into, load_row, prefetch_l2,
+    store_row,
 };
 use crate::kernels::simd::Simd;
 
 const C: usize = CHUNK;
+
+/// Tokens per sub-chunk of the per-channel form: the diagonal blocks cost `SUB (SUB+1) / 2` pair
+/// sums each, the off-diagonal ones are GEMMs of `2 * SUB` columns (q and k rows side by side).
+const SUB: usize = 16;
+
+/// Decays below this flush to zero in running products, which would otherwise reach denormals
+/// (slow on some CPUs) for fast-decaying channels; the error is below `2^-60` absolute.
+const FLUSH: f32 = 8.673_617e-19; // 2^-60
 
 /// One chunk: `len` tokens from packed token `start`.
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +47,8 @@ pub struct Chunk {
 
 /// Scratch layout of one wave of q/k heads `first_head .. first_head + heads` (and their v-heads),
 /// in f32 elements, per chunk: for each q/k head `[2][C][K]` (normalised q, k), then for each
-/// v-head `-w [C][K]`, `u [C][V]`, `P [C][C]`, `G [C]`.
+/// v-head `-w [C][K]`, `u [C][V]`, `P [C][C]` and the decays: `G [C]`, or with per-channel decays
+/// `q e^G [C][K]`, `k e^(G_last - G) [C][K]`, `e^(G_last) [K]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
     pub first_head: usize,
@@ -37,14 +57,21 @@ pub struct Layout {
     pub group: usize,
     pub k_dim: usize,
     pub v_dim: usize,
+    pub per_channel: bool,
 }
 
 impl Layout {
     fn qk_size(&self) -> usize {
         2 * C * self.k_dim
     }
+    fn decays_size(&self) -> usize {
+        match self.per_channel {
+            true => 2 * C * self.k_dim + self.k_dim,
+            false => C,
+        }
+    }
     fn head_size(&self) -> usize {
-        C * self.k_dim + C * self.v_dim + C * C + C
+        C * self.k_dim + C * self.v_dim + C * C + self.decays_size()
     }
     pub fn chunk_size(&self) -> usize {
         self.heads * self.qk_size() + self.heads * self.group * self.head_size()
@@ -53,7 +80,7 @@ impl Layout {
     fn qk(&self, base: *mut f32, c: usize, h: usize) -> *mut f32 {
         base.wrapping_add(c * self.chunk_size() + (h - self.first_head) * self.qk_size())
     }
-    /// `-w` of chunk `c`, v-head number `j` of q/k head `h`; `u`, `P`, `G` follow.
+    /// `-w` of chunk `c`, v-head number `j` of q/k head `h`; `u`, `P`, the decays follow.
     fn head(&self, base: *mut f32, c: usize, h: usize, j: usize) -> HeadScratch {
         let w = base.wrapping_add(
             c * self.chunk_size()
@@ -71,31 +98,8 @@ struct HeadScratch {
     w: *mut f32,
     u: *mut f32,
     p: *mut f32,
+    /// `G`, or `q e^G`, `k e^(G_last - G)`, `e^(G_last)` (see [`Layout`]).
     g: *mut f32,
-}
-
-/// `out[i] = exp(x[i])` with the vector exp (scalar-padded tail).
-#[inline(always)]
-unsafe fn exp_into<S: Simd>(x: &[f32], out: &mut [f32]) {
-    let l = S::LANES;
-    let n = x.len();
-    let mut i = 0;
-    unsafe {
-        while i + l <= n {
-            S::store_f32(
-                out.as_mut_ptr().add(i),
-                S::exp(S::load_f32(x.as_ptr().add(i))),
-            );
-            i += l;
-        }
-        if i < n {
-            let mut buf = [0f32; 16];
-            buf[..n - i].copy_from_slice(&x[i..]);
-            let mut res = [0f32; 16];
-            S::store_f32(res.as_mut_ptr(), S::exp(S::load_f32(buf.as_ptr())));
-            out[i..].copy_from_slice(&res[..n - i]);
-        }
-    }
 }
 
 /// Row `i` of `T = (I + A)^-1` by forward substitution, `T[i] = e_i - sum_{l<i} A[i][l] T[l]`,
@@ -157,6 +161,9 @@ pub unsafe fn intra<S: Simd>(
             let krow = std::slice::from_raw_parts_mut(kn.add(i * kd), kd);
             args.load_qk(chunk.start + i, h, qrow, krow);
         }
+    }
+    if args.per_channel {
+        return unsafe { intra_per_channel::<S>(args, layout, scratch, c, chunk, h) };
     }
     // k^T [K x C], so k k^T and q k^T are plain GEMMs.
     let mut kt = vec![0f32; kd * C];
@@ -239,34 +246,306 @@ pub unsafe fn intra<S: Simd>(
             }
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
-        // -w = T (-k * beta * e^G);  u = T (v * beta).
         for i in 0..m {
-            args.prefetch_v(chunk.start + i + PREFETCH_TOKENS, hv, false);
             let f = -beta[i] * eg[i];
             for r in 0..kd {
                 x[i * kd + r] = unsafe { *kn.add(i * kd + r) } * f;
             }
-            unsafe {
-                load_row(
-                    args.v.at(&[chunk.start + i, hv]),
-                    args.v.dtype,
-                    args.v.strides[2],
-                    &mut y[i * vd..(i + 1) * vd],
-                )
-            };
-            y[i * vd..(i + 1) * vd]
-                .iter_mut()
-                .for_each(|v| *v *= beta[i]);
         }
-        let t = MatA {
-            ptr: tinv.as_ptr(),
-            row_stride: C,
-            col_stride: 1,
-        };
+        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, &x, &mut y, &beta[..m]) };
+    }
+}
+
+/// `-w = T x` and `u = T (v * beta)` into a v-head's scratch, from `x = -k * beta * e^G` and
+/// `T = (I + A)^-1` (`C` columns); `y` is `[C][V]` room for `v * beta`.
+///
+/// # Safety
+/// As for [`intra`]; `hs` is v-head `hv`'s scratch of this chunk.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_wu<S: Simd>(
+    args: &DeltaRule,
+    chunk: Chunk,
+    hv: usize,
+    hs: &HeadScratch,
+    tinv: &[f32],
+    x: &[f32],
+    y: &mut [f32],
+    beta: &[f32],
+) {
+    let (kd, vd, m) = (args.k_dim, args.v_dim, chunk.len);
+    for (i, &b) in beta.iter().enumerate() {
+        args.prefetch_v(chunk.start + i + PREFETCH_TOKENS, hv, false);
+        let row = &mut y[i * vd..(i + 1) * vd];
         unsafe {
-            gemm::<S>(m, kd, m, t, x.as_ptr(), kd, hs.w, kd, false, true);
-            gemm::<S>(m, vd, m, t, y.as_ptr(), vd, hs.u, vd, false, true);
+            load_row(
+                args.v.at(&[chunk.start + i, hv]),
+                args.v.dtype,
+                args.v.strides[2],
+                row,
+            )
+        };
+        row.iter_mut().for_each(|v| *v *= b);
+    }
+    let t = MatA {
+        ptr: tinv.as_ptr(),
+        row_stride: C,
+        col_stride: 1,
+    };
+    unsafe {
+        gemm::<S>(m, kd, m, t, x.as_ptr(), kd, hs.w, kd, false, true);
+        gemm::<S>(m, vd, m, t, y.as_ptr(), vd, hs.u, vd, false, true);
+    }
+}
+
+/// `max(e * a - 2^-60, 0)`: the next running product of decays, flushed before it can be denormal
+/// (the fused multiply-subtract rounds once, so values above `2^-36` are exactly `e * a`).
+#[inline(always)]
+unsafe fn decay_product<S: Simd>(e: S::V, a: S::V) -> S::V {
+    unsafe { S::max(S::fma(e, a, S::splat(-FLUSH)), S::zero()) }
+}
+
+/// `dst = x * y` over `n` floats (`n` a multiple of `S::LANES`).
+///
+/// # Safety
+/// Each pointer addresses `n` floats.
+#[inline(always)]
+unsafe fn mul_rows<S: Simd>(x: *const f32, y: *const f32, dst: *mut f32, n: usize) {
+    let mut r = 0;
+    while r < n {
+        unsafe {
+            S::store_f32(
+                dst.add(r),
+                S::mul(S::load_f32(x.add(r)), S::load_f32(y.add(r))),
+            )
+        };
+        r += S::LANES;
+    }
+}
+
+/// `dst = decay_product(e, a)` over `n` floats (`n` a multiple of `S::LANES`).
+///
+/// # Safety
+/// Each pointer addresses `n` floats.
+#[inline(always)]
+unsafe fn product_rows<S: Simd>(e: *const f32, a: *const f32, dst: *mut f32, n: usize) {
+    let mut r = 0;
+    while r < n {
+        unsafe {
+            S::store_f32(
+                dst.add(r),
+                decay_product::<S>(S::load_f32(e.add(r)), S::load_f32(a.add(r))),
+            )
+        };
+        r += S::LANES;
+    }
+}
+
+/// Pass 1 with per-channel decays, for every v-head of q/k head `h` (see the module doc). Rows
+/// of the per-channel work are padded to `kp` (a multiple of 16) with `q = k = 0`, `a = 1`.
+///
+/// # Safety
+/// As for [`intra`]; the normalised q and k of the chunk are in the scratch.
+#[inline(always)]
+unsafe fn intra_per_channel<S: Simd>(
+    args: &DeltaRule,
+    layout: &Layout,
+    scratch: *mut f32,
+    c: usize,
+    chunk: Chunk,
+    h: usize,
+) {
+    let (kd, vd, m) = (args.k_dim, args.v_dim, chunk.len);
+    let kp = kd.next_multiple_of(16);
+    let qn = layout.qk(scratch, c, h);
+    let kn = qn.wrapping_add(C * kd);
+    let padded = |src: *const f32| {
+        let mut rows = vec![0f32; C * kp];
+        for i in 0..m {
+            let row = unsafe { std::slice::from_raw_parts(src.add(i * kd), kd) };
+            rows[i * kp..i * kp + kd].copy_from_slice(row);
         }
+        rows
+    };
+    let (qp, kpd) = (padded(qn), padded(kn));
+    // Per token: a = e^g, the running products e^G (from the chunk start), e^(G_i - G_(n-1))
+    // (from the sub-chunk start), and scratch rows for the column factors.
+    let mut a = vec![1f32; C * kp];
+    let mut eg = vec![0f32; C * kp];
+    let mut rowf = vec![0f32; C * kp];
+    let mut cols = vec![0f32; C * kp];
+    let mut run = vec![0f32; kp];
+    // Transposed `[k | q] * rowf` of one sub-chunk (`kp x 2*SUB`) and its products with `cols`.
+    let mut bt = vec![0f32; kp * 2 * SUB];
+    let mut kq = vec![0f32; C * 2 * SUB];
+    let mut kk = vec![0f32; C * C];
+    let mut qk = vec![0f32; C * C];
+    let mut tinv = vec![0f32; C * C];
+    let mut a_row = [0f32; C];
+    let mut x = vec![0f32; C * kd];
+    let mut y = vec![0f32; C * vd];
+    let mut beta = [0f32; C];
+    let mut g_row = vec![0f32; kd];
+    let l = S::LANES;
+    for j in 0..layout.group {
+        let hv = args.v_head(h, j);
+        let hs = layout.head(scratch, c, h, j);
+        unsafe {
+            for i in 0..m {
+                beta[i] = args.gate(chunk.start + i, hv).1;
+                args.log_decays(chunk.start + i, hv, &mut g_row);
+                exp_into::<S>(&g_row, &mut a[i * kp..i * kp + kd]);
+            }
+            let (ap, egp) = (a.as_ptr(), eg.as_mut_ptr());
+            // e^G_i = a_0 ... a_i; q e^G and -beta k e^G, and e^(G_last).
+            std::ptr::copy_nonoverlapping(ap, egp, kp);
+            for i in 1..m {
+                product_rows::<S>(egp.add((i - 1) * kp), ap.add(i * kp), egp.add(i * kp), kp);
+            }
+            let (qg, kdec, elast) = (hs.g, hs.g.add(C * kd), hs.g.add(2 * C * kd));
+            for i in 0..m {
+                mul_rows::<S>(
+                    qp.as_ptr().add(i * kp),
+                    egp.add(i * kp),
+                    run.as_mut_ptr(),
+                    kp,
+                );
+                std::ptr::copy_nonoverlapping(run.as_ptr(), qg.add(i * kd), kd);
+                mul_rows::<S>(
+                    kpd.as_ptr().add(i * kp),
+                    egp.add(i * kp),
+                    run.as_mut_ptr(),
+                    kp,
+                );
+                let f = -beta[i];
+                for r in 0..kd {
+                    x[i * kd + r] = run[r] * f;
+                }
+            }
+            std::ptr::copy_nonoverlapping(egp.add((m - 1) * kp), elast, kd);
+            // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
+            run.iter_mut().for_each(|x| *x = 1.0);
+            for i in (0..m).rev() {
+                if i + 1 < m {
+                    product_rows::<S>(run.as_ptr(), ap.add((i + 1) * kp), run.as_mut_ptr(), kp);
+                }
+                mul_rows::<S>(
+                    kpd.as_ptr().add(i * kp),
+                    run.as_ptr(),
+                    cols.as_mut_ptr(),
+                    kp,
+                );
+                std::ptr::copy_nonoverlapping(cols.as_ptr(), kdec.add(i * kd), kd);
+            }
+            let mut n = 0;
+            while n < m {
+                let rs = SUB.min(m - n);
+                // rowf_i = a_n ... a_i over the sub-chunk.
+                let rf = rowf.as_mut_ptr();
+                std::ptr::copy_nonoverlapping(ap.add(n * kp), rf.add(n * kp), kp);
+                for i in n + 1..n + rs {
+                    product_rows::<S>(rf.add((i - 1) * kp), ap.add(i * kp), rf.add(i * kp), kp);
+                }
+                if n > 0 {
+                    // Columns j < n: k_j a_(j+1) ... a_(n-1); rows: [k_i | q_i] rowf_i.
+                    run.iter_mut().for_each(|x| *x = 1.0);
+                    for jj in (0..n).rev() {
+                        if jj + 1 < n {
+                            product_rows::<S>(
+                                run.as_ptr(),
+                                ap.add((jj + 1) * kp),
+                                run.as_mut_ptr(),
+                                kp,
+                            );
+                        }
+                        mul_rows::<S>(
+                            kpd.as_ptr().add(jj * kp),
+                            run.as_ptr(),
+                            cols.as_mut_ptr().add(jj * kp),
+                            kp,
+                        );
+                    }
+                    if rs < SUB {
+                        bt.iter_mut().for_each(|x| *x = 0.0);
+                    }
+                    for cc in 0..rs {
+                        let i = n + cc;
+                        for r in 0..kd {
+                            let f = rowf[i * kp + r];
+                            bt[r * 2 * SUB + cc] = kpd[i * kp + r] * f;
+                            bt[r * 2 * SUB + SUB + cc] = qp[i * kp + r] * f;
+                        }
+                    }
+                    let cols_a = MatA {
+                        ptr: cols.as_ptr(),
+                        row_stride: kp,
+                        col_stride: 1,
+                    };
+                    gemm::<S>(
+                        n,
+                        2 * SUB,
+                        kd,
+                        cols_a,
+                        bt.as_ptr(),
+                        2 * SUB,
+                        kq.as_mut_ptr(),
+                        2 * SUB,
+                        false,
+                        false,
+                    );
+                    for cc in 0..rs {
+                        let i = n + cc;
+                        for jj in 0..n {
+                            kk[i * C + jj] = kq[jj * 2 * SUB + cc];
+                            qk[i * C + jj] = kq[jj * 2 * SUB + SUB + cc];
+                        }
+                    }
+                }
+                // The diagonal block, pair by pair: e = a_(j+1) ... a_i, kk = k_i . (k_j e).
+                for jj in n..n + rs {
+                    run.iter_mut().for_each(|x| *x = 1.0);
+                    let kj = kpd.as_ptr().add(jj * kp);
+                    for i in jj..n + rs {
+                        let (ki, qi, ai) = (
+                            kpd.as_ptr().add(i * kp),
+                            qp.as_ptr().add(i * kp),
+                            ap.add(i * kp),
+                        );
+                        let mut acc = [S::zero(); 4];
+                        let mut r = 0;
+                        while r < kp {
+                            let mut e = S::load_f32(run.as_ptr().add(r));
+                            if i > jj {
+                                e = decay_product::<S>(e, S::load_f32(ai.add(r)));
+                                S::store_f32(run.as_mut_ptr().add(r), e);
+                            }
+                            let t = S::mul(S::load_f32(kj.add(r)), e);
+                            let half = (r / l) & 1;
+                            acc[half] = S::fma(S::load_f32(ki.add(r)), t, acc[half]);
+                            acc[2 + half] = S::fma(S::load_f32(qi.add(r)), t, acc[2 + half]);
+                            r += l;
+                        }
+                        kk[i * C + jj] = S::reduce_sum(S::add(acc[0], acc[1]));
+                        qk[i * C + jj] = S::reduce_sum(S::add(acc[2], acc[3]));
+                    }
+                }
+                n += rs;
+            }
+        }
+        // P = q k^T o decay (lower incl. diagonal); T row by row from A = beta_i (k k^T o decay).
+        let p = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
+        tinv.iter_mut().for_each(|t| *t = 0.0);
+        for i in 0..m {
+            p[i * C..i * C + i + 1].copy_from_slice(&qk[i * C..i * C + i + 1]);
+            p[i * C + i + 1..i * C + m]
+                .iter_mut()
+                .for_each(|x| *x = 0.0);
+            for l in 0..i {
+                a_row[l] = beta[i] * kk[i * C + l];
+            }
+            unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
+        }
+        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, &x, &mut y, &beta[..m]) };
     }
 }
 
@@ -324,21 +603,27 @@ pub unsafe fn inter<S: Simd>(
             prefetch_l2(next.p.cast(), m1 * C * 4);
             prefetch_l2(layout.qk(scratch, c + 1, h).cast(), 2 * C * kd * 4);
         }
-        let gcum = unsafe { std::slice::from_raw_parts(hs.g, m) };
-        let glast = gcum[m - 1];
-        unsafe { exp_into::<S>(gcum, &mut eg[..m]) };
-        for i in 0..m {
-            tmp[i] = glast - gcum[i];
-        }
-        unsafe { exp_into::<S>(&tmp[..m], &mut etail[..m]) };
-        for i in 0..m {
-            for r in 0..kd {
-                unsafe {
-                    qg[i * kd + r] = *qn.add(i * kd + r) * eg[i];
-                    kdec[i * kd + r] = *kn.add(i * kd + r) * etail[i];
+        // q e^G and k e^(G_last - G): stored by pass 1 with per-channel decays.
+        let (qg_ptr, kdec_ptr) = if args.per_channel {
+            (hs.g.cast_const(), hs.g.wrapping_add(C * kd).cast_const())
+        } else {
+            let gcum = unsafe { std::slice::from_raw_parts(hs.g, m) };
+            let glast = gcum[m - 1];
+            unsafe { exp_into::<S>(gcum, &mut eg[..m]) };
+            for i in 0..m {
+                tmp[i] = glast - gcum[i];
+            }
+            unsafe { exp_into::<S>(&tmp[..m], &mut etail[..m]) };
+            for i in 0..m {
+                for r in 0..kd {
+                    unsafe {
+                        qg[i * kd + r] = *qn.add(i * kd + r) * eg[i];
+                        kdec[i * kd + r] = *kn.add(i * kd + r) * etail[i];
+                    }
                 }
             }
-        }
+            (qg.as_ptr(), kdec.as_ptr())
+        };
         unsafe {
             // v' = u + (-w) S, in place over u.
             gemm::<S>(
@@ -363,7 +648,7 @@ pub unsafe fn inter<S: Simd>(
                 vd,
                 kd,
                 MatA {
-                    ptr: qg.as_ptr(),
+                    ptr: qg_ptr,
                     row_stride: kd,
                     col_stride: 1,
                 },
@@ -399,26 +684,22 @@ pub unsafe fn inter<S: Simd>(
                 );
             }
         }
-        // S = e^(G_last) S + (k e^(G_last - G))^T v'.
-        let decay = unsafe { S::splat(glast.exp()) };
-        let n = kd * vd;
-        let mut j = 0;
-        unsafe {
-            while j + S::LANES <= n {
-                let p = s.as_mut_ptr().add(j);
-                S::store_f32(p, S::mul(S::load_f32(p), decay));
-                j += S::LANES;
+        // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay per channel.
+        if args.per_channel {
+            let elast = unsafe { std::slice::from_raw_parts(hs.g.add(2 * C * kd), kd) };
+            for (row, &d) in s.chunks_exact_mut(vd).zip(elast) {
+                unsafe { scale::<S>(row, d) };
             }
+        } else {
+            unsafe { scale::<S>(&mut s, (*hs.g.add(m - 1)).exp()) };
         }
-        let d = glast.exp();
-        s[j..].iter_mut().for_each(|x| *x *= d);
         unsafe {
             gemm::<S>(
                 kd,
                 vd,
                 m,
                 MatA {
-                    ptr: kdec.as_ptr(),
+                    ptr: kdec_ptr,
                     row_stride: 1,
                     col_stride: kd,
                 },
@@ -444,4 +725,20 @@ pub unsafe fn inter<S: Simd>(
             };
         }
     }
+}
+
+/// `x *= d` in place.
+#[inline(always)]
+unsafe fn scale<S: Simd>(x: &mut [f32], d: f32) {
+    let (n, l) = (x.len(), S::LANES);
+    let dv = unsafe { S::splat(d) };
+    let mut j = 0;
+    unsafe {
+        while j + l <= n {
+            let p = x.as_mut_ptr().add(j);
+            S::store_f32(p, S::mul(S::load_f32(p), dv));
+            j += l;
+        }
+    }
+    x[j..].iter_mut().for_each(|v| *v *= d);
 }

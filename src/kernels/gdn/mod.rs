@@ -2,7 +2,9 @@
 //! decode and speculative decode.
 //!
 //! Three implementations of one recurrence per (sequence, v-head):
-//! `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`.
+//! `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
+//! where `a_t` is one decay per v-head (Gated DeltaNet, `g` `[T, HV]`) or one per key channel,
+//! scaling row `i` of the state (Kimi Delta Attention, `g` `[T, HV, K]`).
 //! - [`reference`]: the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
 //! - `recurrent`: the same recurrence in f32 SIMD, for decodes, speculative sequences and short
 //!   prefills. Columns of the state evolve independently, so it keeps a `K x 2*LANES` column block
@@ -28,6 +30,7 @@ mod x86;
 
 use crate::dtype::{DType, Element};
 use crate::error::Result;
+use crate::kernels::simd::Simd;
 use crate::runtime::{Context, Isa};
 
 /// Tokens per chunk of the WY form.
@@ -179,8 +182,9 @@ pub struct Sequence {
     pub write: StateWrite,
 }
 
-/// A validated `ssmk_gated_delta_rule` call. Shapes: q, k `[T, H, K]`, v `[T, HV, V]`, g and beta
-/// `[T, HV]` (g f32), out `[T, HV, V]`, state `[S, HV, K, V]`.
+/// A validated `ssmk_gated_delta_rule` call. Shapes: q, k `[T, H, K]`, v `[T, HV, V]`, g f32
+/// `[T, HV]` or `[T, HV, K]` (`per_channel`), beta `[T, HV]`, out `[T, HV, V]`, state
+/// `[S, HV, K, V]`.
 #[derive(Clone, Debug)]
 pub struct DeltaRule {
     /// Packed tokens T.
@@ -203,6 +207,8 @@ pub struct DeltaRule {
     /// The v-heads of q/k head `h` are `h, h + H, h + 2H, ...` (llama.cpp's GGUF order) instead of
     /// `h * HV/H ..` (Hugging Face's and vLLM's).
     pub gqa_tiled: bool,
+    /// `g` is `[T, HV, K]`: one log-decay per key channel (KDA) rather than per v-head.
+    pub per_channel: bool,
     pub sequences: Vec<Sequence>,
 }
 
@@ -290,7 +296,7 @@ impl DeltaRule {
         }
     }
 
-    /// `g` and `beta` of `token`, v-head `hv`.
+    /// `g` and `beta` of `token`, v-head `hv` (`g` of channel 0 when `per_channel`).
     ///
     /// # Safety
     /// `token < T`, `hv < HV`.
@@ -301,6 +307,44 @@ impl DeltaRule {
                 read_f32(self.g.at(&[token, hv]), DType::F32),
                 read_f32(self.beta.at(&[token, hv]), self.beta.dtype),
             )
+        }
+    }
+
+    /// The per-channel log-decays of `token`, v-head `hv` (`per_channel` only).
+    ///
+    /// # Safety
+    /// `token < T`, `hv < HV`, `row.len() == K`.
+    #[inline(always)]
+    pub(crate) unsafe fn log_decays(&self, token: usize, hv: usize, row: &mut [f32]) {
+        debug_assert!(self.per_channel && row.len() == self.k_dim);
+        unsafe { load_row(self.g.at(&[token, hv]), DType::F32, self.g.strides[2], row) }
+    }
+}
+
+/// `out[i] = exp(x[i])` with the vector exp (a zero-padded vector for the tail).
+///
+/// # Safety
+/// The CPU supports `S`; `x.len() == out.len()`.
+#[inline(always)]
+pub(crate) unsafe fn exp_into<S: Simd>(x: &[f32], out: &mut [f32]) {
+    let l = S::LANES;
+    let n = x.len();
+    debug_assert!(out.len() == n && l <= 16);
+    let mut i = 0;
+    unsafe {
+        while i + l <= n {
+            S::store_f32(
+                out.as_mut_ptr().add(i),
+                S::exp(S::load_f32(x.as_ptr().add(i))),
+            );
+            i += l;
+        }
+        if i < n {
+            let mut buf = [0f32; 16];
+            buf[..n - i].copy_from_slice(&x[i..]);
+            let mut res = [0f32; 16];
+            S::store_f32(res.as_mut_ptr(), S::exp(S::load_f32(buf.as_ptr())));
+            out[i..].copy_from_slice(&res[..n - i]);
         }
     }
 }

@@ -7,7 +7,7 @@
 //! in speculative mode). Partial or strided blocks go through a zero-padded buffer, so the SIMD
 //! body never reads or writes outside the tensors.
 
-use super::{DeltaRule, Sequence, StateWrite, load_row, store_row, write_f32};
+use super::{DeltaRule, Sequence, StateWrite, exp_into, load_row, store_row, write_f32};
 use crate::kernels::simd::{Simd, SimdElement};
 
 /// Per-token inputs of one (sequence, v-head), converted to f32 once.
@@ -15,20 +15,34 @@ struct Tokens {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// `exp(g)`: one per token, or `K` per token with per-channel decays.
     decay: Vec<f32>,
     beta: Vec<f32>,
 }
 
-unsafe fn load_tokens(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
+impl Tokens {
+    /// The decays of token `i`: one value, or one per state row.
+    fn decay(&self, i: usize, per_channel: bool, kd: usize) -> &[f32] {
+        match per_channel {
+            true => &self.decay[i * kd..(i + 1) * kd],
+            false => &self.decay[i..i + 1],
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn load_tokens<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
     let (kd, vd, len) = (args.k_dim, args.v_dim, seq.len);
     let h = args.qk_head(hv);
+    let decays = if args.per_channel { kd } else { 1 };
     let mut t = Tokens {
         q: vec![0.0; len * kd],
         k: vec![0.0; len * kd],
         v: vec![0.0; len * vd],
-        decay: vec![0.0; len],
+        decay: vec![0.0; len * decays],
         beta: vec![0.0; len],
     };
+    let mut g_row = vec![0f32; decays];
     for i in 0..len {
         let tok = seq.start + i;
         args.prefetch_v(tok + super::PREFETCH_TOKENS, hv, false);
@@ -46,8 +60,13 @@ unsafe fn load_tokens(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
                 &mut t.v[i * vd..(i + 1) * vd],
             );
             let (g, b) = args.gate(tok, hv);
-            t.decay[i] = g.exp();
             t.beta[i] = b;
+            if args.per_channel {
+                args.log_decays(tok, hv, &mut g_row);
+            } else {
+                g_row[0] = g;
+            }
+            exp_into::<S>(&g_row, &mut t.decay[i * decays..(i + 1) * decays]);
         }
     }
     t
@@ -137,29 +156,36 @@ unsafe fn store_state<S: Simd, St: SimdElement>(
     }
 }
 
-/// One token over one column block: `kv = a S^T k`, `delta = beta (v - kv)`,
-/// `S = a S + k delta^T`, `o = S^T q` (q carries the scale). Two accumulators per vector (even and
-/// odd rows) hide the FMA latency; the order is fixed, so results are deterministic.
+/// One token over one column block: `kv = (a S)^T k`, `delta = beta (v - kv)`,
+/// `S = a S + k delta^T`, `o = S^T q` (q carries the scale), with `decay` one value `a` or, with
+/// `PER_CHANNEL`, one per row (`a S` = `diag(a) S`, folded into `kv` as `S^T (a * k)`). Two
+/// accumulators per vector (even and odd rows) hide the FMA latency; the order is fixed, so
+/// results are deterministic.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn token<S: Simd>(
+unsafe fn token<S: Simd, const PER_CHANNEL: bool>(
     block: &mut [f32],
     kd: usize,
     q: &[f32],
     k: &[f32],
     v: &[f32; 32],
-    decay: f32,
+    decay: &[f32],
     beta: f32,
     o: &mut [f32; 32],
 ) {
     let l = S::LANES;
     let w = 2 * l;
+    // The k of `kv`'s sum: `a * k` per row with per-channel decays.
+    let kv_k = |r: usize| match PER_CHANNEL {
+        true => k[r] * decay[r],
+        false => k[r],
+    };
     unsafe {
         let p = block.as_mut_ptr();
         let mut kv = [S::zero(); 4];
         let mut r = 0;
         while r + 2 <= kd {
-            let (k0, k1) = (S::splat(k[r]), S::splat(k[r + 1]));
+            let (k0, k1) = (S::splat(kv_k(r)), S::splat(kv_k(r + 1)));
             let (row0, row1) = (p.add(r * w), p.add((r + 1) * w));
             kv[0] = S::fma(S::load_f32(row0), k0, kv[0]);
             kv[1] = S::fma(S::load_f32(row0.add(l)), k0, kv[1]);
@@ -168,30 +194,40 @@ unsafe fn token<S: Simd>(
             r += 2;
         }
         if r < kd {
-            let k0 = S::splat(k[r]);
+            let k0 = S::splat(kv_k(r));
             let row0 = p.add(r * w);
             kv[0] = S::fma(S::load_f32(row0), k0, kv[0]);
             kv[1] = S::fma(S::load_f32(row0.add(l)), k0, kv[1]);
         }
-        let a = S::splat(decay);
+        // Without PER_CHANNEL, `a` scales the sum: (a S)^T k = a (S^T k).
+        let kv_scale = S::splat(if PER_CHANNEL { 1.0 } else { decay[0] });
         let b = S::splat(beta);
-        // delta = beta * (v - a * kv)
+        // delta = beta * (v - kv)
         let d0 = S::mul(
             b,
-            S::sub(S::load_f32(v.as_ptr()), S::mul(a, S::add(kv[0], kv[2]))),
+            S::sub(
+                S::load_f32(v.as_ptr()),
+                S::mul(kv_scale, S::add(kv[0], kv[2])),
+            ),
         );
         let d1 = S::mul(
             b,
             S::sub(
                 S::load_f32(v.as_ptr().add(l)),
-                S::mul(a, S::add(kv[1], kv[3])),
+                S::mul(kv_scale, S::add(kv[1], kv[3])),
             ),
         );
         let mut acc = [S::zero(); 4];
+        let a_head = S::splat(decay[0]);
         let mut r = 0;
         while r < kd {
             let half = (r & 1) * 2;
             let (kr, qr) = (S::splat(k[r]), S::splat(q[r]));
+            let a = if PER_CHANNEL {
+                S::splat(decay[r])
+            } else {
+                a_head
+            };
             let row = p.add(r * w);
             let s0 = S::fma(S::load_f32(row), a, S::mul(kr, d0));
             let s1 = S::fma(S::load_f32(row.add(l)), a, S::mul(kr, d1));
@@ -214,7 +250,7 @@ unsafe fn token<S: Simd>(
 pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Sequence, hv: usize) {
     let (kd, vd) = (args.k_dim, args.v_dim);
     let w = 2 * S::LANES;
-    let tokens = unsafe { load_tokens(args, seq, hv) };
+    let tokens = unsafe { load_tokens::<S>(args, seq, hv) };
     let blocks_n = vd.div_ceil(w);
     let mut blocks = vec![0f32; blocks_n * kd * w];
     if let Some(slot) = seq.read {
@@ -228,17 +264,17 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
         for i in 0..seq.len {
             v[..width].copy_from_slice(&tokens.v[i * vd + v0..i * vd + v0 + width]);
             v[width..w].iter_mut().for_each(|x| *x = 0.0);
+            let block = &mut blocks[b * kd * w..(b + 1) * kd * w];
+            let (q, k) = (
+                &tokens.q[i * kd..(i + 1) * kd],
+                &tokens.k[i * kd..(i + 1) * kd],
+            );
+            let decay = tokens.decay(i, args.per_channel, kd);
             unsafe {
-                token::<S>(
-                    &mut blocks[b * kd * w..(b + 1) * kd * w],
-                    kd,
-                    &tokens.q[i * kd..(i + 1) * kd],
-                    &tokens.k[i * kd..(i + 1) * kd],
-                    &v,
-                    tokens.decay[i],
-                    tokens.beta[i],
-                    &mut o,
-                );
+                match args.per_channel {
+                    true => token::<S, true>(block, kd, q, k, &v, decay, tokens.beta[i], &mut o),
+                    false => token::<S, false>(block, kd, q, k, &v, decay, tokens.beta[i], &mut o),
+                }
                 store_row(
                     out.at(&[seq.start + i, hv, v0]),
                     out.dtype,
@@ -281,9 +317,16 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     };
     let (kd, vd, l) = (args.k_dim, args.v_dim, S::LANES);
     let vec_end = vd / l * l;
-    let tokens = unsafe { load_tokens(args, seq, hv) };
+    let tokens = unsafe { load_tokens::<S>(args, seq, hv) };
     let (q, k, v) = (&tokens.q, &tokens.k, &tokens.v);
-    let (decay, beta) = (tokens.decay[0], tokens.beta[0]);
+    let (decays, beta) = (tokens.decay(0, args.per_channel, kd), tokens.beta[0]);
+    // Decay of state row `r`; `kv` sums `S^T (a * k)` per channel, or `a (S^T k)` per head.
+    let decay = |r: usize| decays[if args.per_channel { r } else { 0 }];
+    let kv_k: Vec<f32> = match args.per_channel {
+        true => (0..kd).map(|r| k[r] * decays[r]).collect(),
+        false => k.clone(),
+    };
+    let kv_scale = if args.per_channel { 1.0 } else { decays[0] };
     let row = |slot: usize, r: usize| st.at(&[slot, hv, r, 0]).cast::<St>();
     let mut kv = vec![0f32; vd];
     unsafe {
@@ -296,7 +339,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
                         vd * size_of::<St>(),
                     );
                 }
-                let kr = S::splat(k[r]);
+                let kr = S::splat(kv_k[r]);
                 let mut j = 0;
                 while j < vec_end {
                     let p = kv.as_mut_ptr().add(j);
@@ -304,13 +347,13 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
                     j += l;
                 }
                 for j in vec_end..vd {
-                    kv[j] = (*src.add(j)).to_f32().mul_add(k[r], kv[j]);
+                    kv[j] = (*src.add(j)).to_f32().mul_add(kv_k[r], kv[j]);
                 }
             }
         }
     }
-    // delta = beta (v - a kv)
-    let delta: Vec<f32> = (0..vd).map(|j| beta * (v[j] - decay * kv[j])).collect();
+    // delta = beta (v - kv)
+    let delta: Vec<f32> = (0..vd).map(|j| beta * (v[j] - kv_scale * kv[j])).collect();
     let mut o = kv; // reused as the output accumulator
     o.iter_mut().for_each(|x| *x = 0.0);
     // The next task is usually the next v-head of this slot: start reading its state while this
@@ -320,8 +363,8 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
         .filter(|_| hv + 1 < args.v_heads)
         .map(|slot| st.at(&[slot, hv + 1, 0, 0]));
     unsafe {
-        let a = S::splat(decay);
         for r in 0..kd {
+            let a = S::splat(decay(r));
             if let Some(next) = next_head {
                 super::prefetch_l2(
                     next.wrapping_add(r * st.strides[2] * size_of::<St>()),
@@ -347,7 +390,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
             }
             for j in vec_end..vd {
                 let old = src.map_or(0.0, |src| (*src.add(j)).to_f32());
-                let s_new = old.mul_add(decay, k[r] * delta[j]);
+                let s_new = old.mul_add(decay(r), k[r] * delta[j]);
                 if let Some(dst) = dst {
                     *dst.add(j) = St::from_f32(s_new);
                 }

@@ -1,4 +1,5 @@
-//! The oracle: the per-token recurrence of ABI.md §4.4 in f64, one task per (sequence, v-head).
+//! The oracle: the per-token recurrence of ABI.md §4.4 in f64, one task per (sequence, v-head),
+//! with one decay per v-head or per key channel.
 //! Slow and simple on purpose; the SIMD paths are tested against it.
 
 use super::{DeltaRule, StateWrite, load_row, read_f32, write_f32};
@@ -82,6 +83,8 @@ unsafe fn sequence_head(args: &DeltaRule, b: usize, hv: usize) {
     }
     let (mut q, mut k, mut vrow) = (vec![0f64; kd], vec![0f64; kd], vec![0f32; vd]);
     let mut kv = vec![0f64; vd];
+    // Log-decay of each state row (the one per-head value repeated without `per_channel`).
+    let mut g_row = vec![0f32; kd];
     for (i, t) in (seq.start..seq.start + seq.len).enumerate() {
         unsafe {
             load_normalised(
@@ -106,9 +109,14 @@ unsafe fn sequence_head(args: &DeltaRule, b: usize, hv: usize) {
             );
         }
         let (g, beta) = unsafe { args.gate(t, hv) };
-        let decay = (g as f64).exp();
+        if args.per_channel {
+            unsafe { args.log_decays(t, hv, &mut g_row) };
+        } else {
+            g_row.iter_mut().for_each(|x| *x = g);
+        }
         kv.iter_mut().for_each(|x| *x = 0.0);
         for r in 0..kd {
+            let decay = (g_row[r] as f64).exp();
             for j in 0..vd {
                 s[r * vd + j] *= decay;
                 kv[j] += s[r * vd + j] * k[r];

@@ -159,6 +159,7 @@ pub unsafe fn gated_delta_rule(
         group,
         k_dim: args.k_dim,
         v_dim: args.v_dim,
+        per_channel: args.per_channel,
     };
     let floats = chunks
         .len()

@@ -703,7 +703,15 @@ fn every_isa_tiled_gqa_order_matches_reference() {
         ] {
             for kda in [false, true] {
                 seed += 1;
-                let mut p = batch_case(seed, lens, heads, dims, DType::BF16, state, seed.is_multiple_of(3));
+                let mut p = batch_case(
+                    seed,
+                    lens,
+                    heads,
+                    dims,
+                    DType::BF16,
+                    state,
+                    seed.is_multiple_of(3),
+                );
                 if kda {
                     p = p.with_channel_decays(seed);
                 }

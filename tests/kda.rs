@@ -145,8 +145,8 @@ impl Gates {
 }
 
 /// Both gate forms, each activation dtype, `dt_bias` `[HV, K]`, `[HV*K]` and NULL, with and
-/// without the fused beta, on one and several row tasks. Gating has one portable implementation;
-/// the name puts it in the AVX-512 emulation lane too.
+/// without the fused beta, on one and several row tasks, for the scalar reference and each SIMD
+/// ISA (odd K leaves a vector tail).
 #[test]
 fn every_isa_kda_gating_matches_reference() {
     let mut seed = 0;

@@ -290,7 +290,7 @@ pub unsafe extern "C" fn ssmk_kda_gating(
         };
         // SAFETY: every index in [N, HV, K] / [HV, K] / [N, HV] is inside the validated views;
         // outputs are disjoint from the inputs and each other.
-        unsafe { gating::kda_gating(ctx, &args) };
+        unsafe { gating::kda_gating(ctx, Isa::dispatch(), &args) };
         Ok(())
     })
 }

@@ -1,23 +1,61 @@
-//! Gated DeltaNet (ABI.md §4.3–4.4): chunked prefill as GFLOP/s against the same-run FMA peak,
-//! decode as bandwidth over the state bytes against the same-run memcpy, and Qwen3-Next-like layer
-//! steps (conv → gating → delta rule through the C ABI) against the portable reference kernels.
+//! Gated DeltaNet and Kimi Delta Attention (ABI.md §4.3–4.4, §4.8): chunked prefill as GFLOP/s
+//! against the same-run FMA peak (KDA also against GDN at its shape), decode as bandwidth over the
+//! state bytes against the same-run memcpy, and Qwen3-Next-like and Kimi-Linear-like layer steps
+//! (conv → gating → delta rule through the C ABI) against the portable reference kernels.
 
 use ssmk::dtype::DType;
 use ssmk::ffi::conv::{SSMK_ACTIVATION_SILU, ssmk_causal_conv1d_fwd};
-use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating};
+use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating, ssmk_kda_gating};
 use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_slow};
 
-const H: usize = 16;
-const HV: usize = 32;
 const K: usize = 128;
 const V: usize = 128;
-/// Conv channels of the layer: q and k (H*K each) and v (HV*V).
-const CONV_DIM: usize = 2 * H * K + HV * V;
 const WIDTH: usize = 4;
+
+/// The heads of a linear-attention layer and its kind of decay.
+#[derive(Clone, Copy)]
+struct Heads {
+    h: usize,
+    hv: usize,
+    /// `g` `[T, HV, K]` (KDA) rather than `[T, HV]` (GDN).
+    per_channel: bool,
+}
+
+/// Qwen3-Next's Gated DeltaNet layer.
+const GDN: Heads = Heads {
+    h: 16,
+    hv: 32,
+    per_channel: false,
+};
+/// Kimi Linear's KDA layer.
+const KDA: Heads = Heads {
+    h: 32,
+    hv: 32,
+    per_channel: true,
+};
+
+impl Heads {
+    /// Conv channels of the layer: q and k (H*K each) and v (HV*V).
+    fn conv_dim(&self) -> usize {
+        2 * self.h * K + self.hv * V
+    }
+
+    fn describe(&self) -> String {
+        format!("H={} HV={} K=V=128", self.h, self.hv)
+    }
+
+    /// The same heads with the other kind of decay.
+    fn with_per_channel(self, per_channel: bool) -> Heads {
+        Heads {
+            per_channel,
+            ..self
+        }
+    }
+}
 
 fn offsets(lens: &[usize]) -> Vec<i64> {
     let mut acc = 0i64;
@@ -52,6 +90,7 @@ fn head_view(
 /// One delta-rule call: q, k, v as head views of one projected `[T, CONV_DIM]` buffer (as the
 /// model lays them out), gates, a state pool with a slot per sequence, and the output.
 struct DeltaRule {
+    heads: Heads,
     qkv: Buf,
     g: Buf,
     beta: Buf,
@@ -63,15 +102,21 @@ struct DeltaRule {
 }
 
 impl DeltaRule {
-    fn new(lens: &[usize], dtype: DType, initial: bool) -> DeltaRule {
+    fn new(heads: Heads, lens: &[usize], dtype: DType, initial: bool) -> DeltaRule {
         let t: usize = lens.iter().sum();
-        let b = lens.len();
+        let (b, hv) = (lens.len(), heads.hv);
+        let g_shape: &[usize] = if heads.per_channel {
+            &[t, hv, K]
+        } else {
+            &[t, hv]
+        };
         DeltaRule {
-            qkv: Buf::random(dtype, &[t, CONV_DIM], 11, 1.0),
-            g: Buf::uniform(DType::F32, &[t, HV], 14, -0.2, -0.001),
-            beta: Buf::uniform(dtype, &[t, HV], 15, 0.05, 0.95),
-            state: Buf::random(DType::F32, &[b, HV, K, V], 16, 0.1),
-            out: Buf::zeros(dtype, &[t, HV, V]),
+            heads,
+            qkv: Buf::random(dtype, &[t, heads.conv_dim()], 11, 1.0),
+            g: Buf::uniform(DType::F32, g_shape, 14, -0.2, -0.001),
+            beta: Buf::uniform(dtype, &[t, hv], 15, 0.05, 0.95),
+            state: Buf::random(DType::F32, &[b, hv, K, V], 16, 0.1),
+            out: Buf::zeros(dtype, &[t, hv, V]),
             starts: Buf::ints(&offsets(lens)),
             slots: Buf::ints(&(0..b as i64).collect::<Vec<_>>()),
             initial: Buf::mask(&vec![initial; b]),
@@ -87,9 +132,10 @@ impl DeltaRule {
         let (mut s, mut st) = ([[0i64; 3]; 3], [[0i64; 3]; 3]);
         let [s0, s1, s2] = &mut s;
         let [t0, t1, t2] = &mut st;
-        let q = head_view(qkv, 0, H, K, s0, t0);
-        let k = head_view(qkv, H * K, H, K, s1, t1);
-        let v = head_view(qkv, 2 * H * K, HV, V, s2, t2);
+        let Heads { h, hv, .. } = self.heads;
+        let q = head_view(qkv, 0, h, K, s0, t0);
+        let k = head_view(qkv, h * K, h, K, s1, t1);
+        let v = head_view(qkv, 2 * h * K, hv, V, s2, t2);
         let (g, beta) = (self.g.desc(), self.beta.desc());
         let (mut state, mut out) = (self.state.desc(), self.out.desc());
         let (cu, idx, init) = (self.starts.desc(), self.slots.desc(), self.initial.desc());
@@ -122,34 +168,54 @@ impl DeltaRule {
     }
 }
 
-/// FLOPs of the chunked form with chunk C = 64, the count the targets use.
-fn prefill_flops(tokens: usize) -> f64 {
+/// FLOPs of the chunked form with chunk C = 64, the count the targets use:
+/// `2 T HV (3KV + 2CK + 2CV)`. KDA is counted the same: its sub-chunk decay products and the
+/// per-v-head `k k^T` (not shared across a GQA group) are extra work, not counted.
+fn prefill_flops(tokens: usize, v_heads: usize) -> f64 {
     let (c, k, v) = (64.0, K as f64, V as f64);
-    2.0 * tokens as f64 * HV as f64 * (3.0 * k * v + 2.0 * c * k + 2.0 * c * v)
+    2.0 * tokens as f64 * v_heads as f64 * (3.0 * k * v + 2.0 * c * k + 2.0 * c * v)
 }
 
-fn prefill(cfg: &Config, report: &mut Report, lens: &[usize], dtype: DType) {
-    let call = DeltaRule::new(lens, dtype, false);
+fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtype: DType) {
+    let call = DeltaRule::new(heads, lens, dtype, false);
     let tokens = call.tokens();
+    // KDA is also compared with GDN (per-head decay) at the same heads, timed beside it.
+    let per_head = heads
+        .per_channel
+        .then(|| DeltaRule::new(heads.with_per_channel(false), lens, dtype, false));
     // The f64 reference costs seconds per call here: time it on 64 tokens and scale per token.
-    let small = DeltaRule::new(&[64], dtype, false);
+    let small = DeltaRule::new(heads, &[64], dtype, false);
     let reference = time_slow(cfg, || small.call(Isa::Scalar, &Ctx::new(1))) * tokens as f64 / 64.0;
     let name = if dtype == DType::BF16 {
         "bf16 in/f32 state"
     } else {
         "f32 in/f32 state"
     };
+    let op = match heads.per_channel {
+        true => "KDA delta rule prefill",
+        false => "gated_delta_rule prefill",
+    };
+    let flops = prefill_flops(tokens, heads.hv);
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
         let t = time(cfg, || call.call(Isa::active(), &ctx));
+        let mut note = String::from("l2norm; ref timed on 64 tokens, scaled");
+        if let Some(gdn) = &per_head {
+            let t_gdn = time(cfg, || gdn.call(Isa::active(), &ctx));
+            note += &format!(
+                "; GDN same heads {:.1} GFLOP/s, KDA/GDN {:.2}",
+                flops / t_gdn / 1e9,
+                t_gdn / t
+            );
+        }
         let mut r = Row::new(
-            "gated_delta_rule prefill",
-            format!("{}x{} H=16 HV=32 K=V=128", lens.len(), lens[0]),
+            op,
+            format!("{}x{} {}", lens.len(), lens[0], heads.describe()),
             name,
             threads,
             t,
-            Work::Flops(prefill_flops(tokens)),
-            "l2norm; ref timed on 64 tokens, scaled".into(),
+            Work::Flops(flops),
+            note,
         );
         r.vs_reference = Some(reference / t);
         let peak = report.fma_peak_gflops;
@@ -157,8 +223,8 @@ fn prefill(cfg: &Config, report: &mut Report, lens: &[usize], dtype: DType) {
     }
 }
 
-fn decode(cfg: &Config, report: &mut Report, batch: usize) {
-    let call = DeltaRule::new(&vec![1; batch], DType::BF16, true);
+fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize) {
+    let call = DeltaRule::new(heads, &vec![1; batch], DType::BF16, true);
     let state_bytes = 2.0 * call.state.bytes() as f64;
     let reference = time_slow(cfg, || call.call(Isa::Scalar, &Ctx::new(1)));
     for &threads in &cfg.threads {
@@ -166,9 +232,13 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
         let (t, memcpy) = report
             .memcpy
             .time_beside(cfg, || call.call(Isa::active(), &ctx));
+        let op = match heads.per_channel {
+            true => "KDA delta rule decode",
+            false => "gated_delta_rule decode",
+        };
         let mut r = Row::new(
-            "gated_delta_rule decode",
-            format!("B={batch} H=16 HV=32 K=V=128"),
+            op,
+            format!("B={batch} {}", heads.describe()),
             "bf16 in/f32 state",
             threads,
             t,
@@ -180,9 +250,10 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
     }
 }
 
-/// One Qwen3-Next-like linear-attention layer step on `lens` (decodes are length-1 sequences
-/// continuing from state): causal conv (W = 4, silu) over the projected q|k|v, gating, then the
-/// delta rule on head views of the conv output. In/out projections are GEMMs outside ssmk.
+/// One linear-attention layer step on `lens` (decodes are length-1 sequences continuing from
+/// state): causal conv (W = 4, silu) over the projected q|k|v, gating (Qwen3-Next's
+/// `ssmk_gdn_gating`, or Kimi Linear's per-channel `ssmk_kda_gating`), then the delta rule on head
+/// views of the conv output. In/out projections are GEMMs outside ssmk.
 struct LayerStep {
     rule: DeltaRule,
     conv_out: Buf,
@@ -196,18 +267,20 @@ struct LayerStep {
 }
 
 impl LayerStep {
-    fn new(lens: &[usize], initial: bool) -> LayerStep {
-        let rule = DeltaRule::new(lens, DType::BF16, initial);
-        let t = rule.tokens();
+    fn new(heads: Heads, lens: &[usize], initial: bool) -> LayerStep {
+        let rule = DeltaRule::new(heads, lens, DType::BF16, initial);
+        let (t, hv, d) = (rule.tokens(), heads.hv, heads.conv_dim());
+        // Per-channel gates: a `[T, HV, K]`, dt_bias `[HV, K]`.
+        let channels: &[usize] = if heads.per_channel { &[K] } else { &[] };
         LayerStep {
-            conv_out: Buf::zeros(DType::BF16, &[t, CONV_DIM]),
-            conv_weight: Buf::random(DType::BF16, &[CONV_DIM, WIDTH], 31, 0.5),
-            conv_bias: Buf::random(DType::BF16, &[CONV_DIM], 32, 0.1),
-            conv_states: Buf::random(DType::BF16, &[lens.len(), WIDTH - 1, CONV_DIM], 33, 1.0),
-            a_log: Buf::uniform(DType::F32, &[HV], 34, -1.0, 0.5),
-            a: Buf::random(DType::BF16, &[t, HV], 35, 1.0),
-            b: Buf::random(DType::BF16, &[t, HV], 36, 1.0),
-            dt_bias: Buf::random(DType::F32, &[HV], 37, 0.5),
+            conv_out: Buf::zeros(DType::BF16, &[t, d]),
+            conv_weight: Buf::random(DType::BF16, &[d, WIDTH], 31, 0.5),
+            conv_bias: Buf::random(DType::BF16, &[d], 32, 0.1),
+            conv_states: Buf::random(DType::BF16, &[lens.len(), WIDTH - 1, d], 33, 1.0),
+            a_log: Buf::uniform(DType::F32, &[hv], 34, -1.0, 0.5),
+            a: Buf::random(DType::BF16, &[&[t, hv][..], channels].concat(), 35, 1.0),
+            b: Buf::random(DType::BF16, &[t, hv], 36, 1.0),
+            dt_bias: Buf::random(DType::F32, &[&[hv][..], channels].concat(), 37, 0.5),
             rule,
         }
     }
@@ -241,12 +314,17 @@ impl LayerStep {
             self.dt_bias.desc(),
         );
         let (mut g, mut beta) = (r.g.desc(), r.beta.desc());
-        ok(unsafe { ssmk_gdn_gating(ctx.0, &a_log, &a, &b, &dt, 1.0, 20.0, &mut g, &mut beta) });
+        ok(unsafe {
+            match r.heads.per_channel {
+                true => ssmk_kda_gating(ctx.0, &a_log, &a, &dt, 0.0, &b, &mut g, &mut beta),
+                false => ssmk_gdn_gating(ctx.0, &a_log, &a, &b, &dt, 1.0, 20.0, &mut g, &mut beta),
+            }
+        });
         r.call_on(&self.conv_out, isa, ctx);
     }
 }
 
-fn layer_steps(cfg: &Config, report: &mut Report) {
+fn layer_steps(cfg: &Config, report: &mut Report, heads: Heads) {
     let chunk = cfg.pick(128, 32);
     let mut mixed = vec![1usize; 64];
     mixed.push(chunk);
@@ -256,19 +334,22 @@ fn layer_steps(cfg: &Config, report: &mut Report) {
         (format!("(c) 64 decodes + 1x{chunk} chunk"), mixed),
     ];
     for (name, lens) in steps {
-        let step = LayerStep::new(&lens, true);
+        let step = LayerStep::new(heads, &lens, true);
         let tokens = step.rule.tokens();
         let reference = time_slow(cfg, || step.run(Isa::Scalar, &Ctx::new(1)));
         for &threads in &cfg.threads {
             let ctx = Ctx::new(threads);
             let t = time(cfg, || step.run(Isa::active(), &ctx));
             let mut r = Row::new(
-                "Qwen3-Next GDN layer step",
-                format!("{name} conv D={CONV_DIM}"),
+                match heads.per_channel {
+                    true => "Kimi Linear KDA layer step",
+                    false => "Qwen3-Next GDN layer step",
+                },
+                format!("{name} conv D={}", heads.conv_dim()),
                 "bf16/f32 state",
                 threads,
                 t,
-                Work::Flops(prefill_flops(tokens)),
+                Work::Flops(prefill_flops(tokens, heads.hv)),
                 format!("{:.0} tokens/s", tokens as f64 / t),
             );
             r.vs_reference = Some(reference / t);
@@ -279,9 +360,13 @@ fn layer_steps(cfg: &Config, report: &mut Report) {
 
 pub fn run(cfg: &Config, report: &mut Report) {
     let (long, short) = (cfg.pick(2048, 128), cfg.pick(512, 32));
-    prefill(cfg, report, &[long], DType::BF16);
-    prefill(cfg, report, &[short; 4], DType::BF16);
-    prefill(cfg, report, &[long], DType::F32);
-    decode(cfg, report, cfg.pick(64, 8));
-    layer_steps(cfg, report);
+    prefill(cfg, report, GDN, &[long], DType::BF16);
+    prefill(cfg, report, GDN, &[short; 4], DType::BF16);
+    prefill(cfg, report, GDN, &[long], DType::F32);
+    decode(cfg, report, GDN, cfg.pick(64, 8));
+    prefill(cfg, report, KDA, &[long], DType::BF16);
+    prefill(cfg, report, KDA, &[short; 4], DType::BF16);
+    decode(cfg, report, KDA, cfg.pick(64, 8));
+    layer_steps(cfg, report, GDN);
+    layer_steps(cfg, report, KDA);
 }

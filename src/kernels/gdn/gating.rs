@@ -1,11 +1,13 @@
 //! `g = -exp(A_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)` (ABI.md §4.3): elementwise over
 //! `[N, HV]`, parallel over blocks of rows. O(N * HV) work next to the O(N * HV * K * V) delta rule,
 //! so plain f32 with libm-accurate `exp`/`ln_1p` is fast enough and exact enough. Kimi Delta
-//! Attention's per-channel gates (§4.8, `[N, HV, K]`) follow the same plan.
+//! Attention's per-channel gates (§4.8, `[N, HV, K]`) are K times more (as much as the delta
+//! rule's own inputs): the scalar form is the reference, the SIMD ISAs take [`kda_gate_row`].
 
-use super::{Strided, read_f32, write_f32};
+use super::{Strided, load_row, read_f32, store_row, write_f32};
 use crate::dtype::DType;
-use crate::runtime::Context;
+use crate::kernels::simd::Simd;
+use crate::runtime::{Context, Isa};
 
 /// A validated `ssmk_gdn_gating` call: `A_log`, `dt_bias` `[HV]`; `a`, `b`, `g` (f32), `beta` `[N, HV]`.
 #[derive(Clone, Copy, Debug)]
@@ -103,13 +105,115 @@ fn kda_softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
+/// `log(1 + y)` for `y` in `[0, 1]` as `2 atanh(s)`, `s = y / (2 + y)` in `[0, 1/3]`: the odd
+/// series to `s^15` (the next term is below 2e-9 relative), with no range reduction or branches.
+#[inline(always)]
+unsafe fn log1p_unit<S: Simd>(y: S::V) -> S::V {
+    unsafe {
+        let s = S::div(y, S::add(S::splat(2.0), y));
+        let s2 = S::mul(s, s);
+        let mut p = S::splat(1.0 / 15.0);
+        for c in [
+            1.0 / 13.0,
+            1.0 / 11.0,
+            1.0 / 9.0,
+            1.0 / 7.0,
+            1.0 / 5.0,
+            1.0 / 3.0,
+            1.0,
+        ] {
+            p = S::fma(p, s2, S::splat(c));
+        }
+        S::mul(S::add(s, s), p)
+    }
+}
+
+/// `1 / (1 + e^-x)`; the clamped vector exp keeps it finite everywhere.
+#[inline(always)]
+unsafe fn sigmoid_v<S: Simd>(x: S::V) -> S::V {
+    unsafe {
+        let one = S::splat(1.0);
+        S::div(one, S::add(one, S::exp(S::sub(S::zero(), x))))
+    }
+}
+
+/// The gates of row `n` (every head) with `S`'s vectors: `bias` is `dt_bias` as `[HV][kp]`
+/// (zero-padded, `kp` a multiple of the lanes), `buf` has `kp` floats. Softplus is taken as
+/// `max(x, 0) + log1p(e^-|x|)`, which is `x` to the last bit past Kimi's threshold of 20.
+///
 /// # Safety
-/// `args` must describe validated memory; `g` and `beta` must not overlap the inputs or each other.
-pub unsafe fn kda_gating(ctx: &Context, args: &KdaGating) {
+/// As for [`kda_gating`]; the CPU supports `S`; `n < N`.
+#[inline(always)]
+pub(crate) unsafe fn kda_gate_row<S: Simd>(
+    args: &KdaGating,
+    a_scale: &[f32],
+    bias: &[f32],
+    n: usize,
+    buf: &mut [f32],
+) {
+    let (k, kp, l) = (args.k_dim, buf.len(), S::LANES);
+    for h in 0..args.heads {
+        unsafe {
+            load_row(
+                args.a.at(&[n, h]),
+                args.a.dtype,
+                args.a.strides[2],
+                &mut buf[..k],
+            );
+            let scale = S::splat(a_scale[h]);
+            let mut c = 0;
+            while c < kp {
+                let p = buf.as_mut_ptr().add(c);
+                let x = S::add(S::load_f32(p), S::load_f32(bias.as_ptr().add(h * kp + c)));
+                let g = if args.lower_bound == 0.0 {
+                    let neg_abs = S::min(x, S::sub(S::zero(), x));
+                    let sp = S::add(S::max(x, S::zero()), log1p_unit::<S>(S::exp(neg_abs)));
+                    S::sub(S::zero(), S::mul(scale, sp))
+                } else {
+                    S::mul(S::splat(args.lower_bound), sigmoid_v::<S>(S::mul(scale, x)))
+                };
+                S::store_f32(p, g);
+                c += l;
+            }
+            store_row(args.g.at(&[n, h]), DType::F32, args.g.strides[2], &buf[..k]);
+            if let Some((b, beta)) = &args.beta {
+                let v = sigmoid(read_f32(b.at(&[n, h]), b.dtype));
+                write_f32(beta.at(&[n, h]), beta.dtype, v);
+            }
+        }
+    }
+}
+
+/// Runs KDA's gating with the implementation for `isa` (`Isa::Scalar`: the scalar reference).
+///
+/// # Safety
+/// `args` must describe validated memory; `g` and `beta` must not overlap the inputs or each other;
+/// the CPU supports `isa`.
+pub unsafe fn kda_gating(ctx: &Context, isa: Isa, args: &KdaGating) {
     let (heads, k_dim) = (args.heads, args.k_dim);
     let a_scale: Vec<f32> = (0..heads)
         .map(|h| unsafe { read_f32(args.a_log.at(&[h]), DType::F32) }.exp())
         .collect();
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        let kp = k_dim.next_multiple_of(16);
+        let mut bias = vec![0f32; heads * kp];
+        if let Some(d) = &args.dt_bias {
+            for h in 0..heads {
+                for c in 0..k_dim {
+                    bias[h * kp + c] = unsafe { read_f32(d.at(&[h, c]), DType::F32) };
+                }
+            }
+        }
+        let row = super::x86::kda_gate_row(isa);
+        for_each_row(ctx, args.rows, |n| {
+            let mut buf = vec![0f32; kp];
+            // SAFETY: as for this function; each row is written by one task.
+            unsafe { row(args, &a_scale, &bias, n, &mut buf) }
+        });
+        return;
+    }
+    let _ = isa;
     for_each_row(ctx, args.rows, |n| {
         for h in 0..heads {
             // SAFETY: (n, h, k) lies in the validated [N, HV, K] (and [HV, K], [N, HV]); each

@@ -3,6 +3,7 @@
 //! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
 
 use super::chunked::{self, Chunk, Layout};
+use super::gating::{self, KdaGating};
 use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, StateWrite, recurrent};
 use crate::dtype::DType;
 use crate::error::{Error, Result, Status};
@@ -12,12 +13,15 @@ use crate::runtime::{Context, Isa, SharedPtr};
 type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
 type IntraFn = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize);
 type InterFn = unsafe fn(&DeltaRule, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize);
+/// One row of `ssmk_kda_gating` (see [`super::gating::kda_gate_row`]).
+pub type KdaGateRowFn = unsafe fn(&KdaGating, &[f32], &[f32], usize, &mut [f32]);
 
 /// The entry points of one instruction set.
 struct Kernels {
     recurrent: RecurrentFn,
     intra: IntraFn,
     inter: InterFn,
+    kda_gate_row: KdaGateRowFn,
 }
 
 macro_rules! entry_points {
@@ -53,7 +57,18 @@ macro_rules! entry_points {
                 unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, hv) }
             }
 
-            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter };
+            #[target_feature(enable = $features)]
+            unsafe fn kda_gate_row(
+                args: &KdaGating,
+                a_scale: &[f32],
+                bias: &[f32],
+                n: usize,
+                buf: &mut [f32],
+            ) {
+                unsafe { gating::kda_gate_row::<$simd>(args, a_scale, bias, n, buf) }
+            }
+
+            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter, kda_gate_row };
         }
     };
 }
@@ -105,6 +120,20 @@ fn run_simple(ctx: &Context, kernels: &Kernels, args: &DeltaRule, simple: &[usiz
     });
 }
 
+/// The entry points of `isa` (AVX-512, or AVX2 for anything below).
+fn kernels(isa: Isa) -> &'static Kernels {
+    if isa >= Isa::Avx512 {
+        &avx512::KERNELS
+    } else {
+        &avx2::KERNELS
+    }
+}
+
+/// KDA's gate row for `isa` (>= AVX2, supported by the CPU).
+pub fn kda_gate_row(isa: Isa) -> KdaGateRowFn {
+    kernels(isa).kda_gate_row
+}
+
 /// # Safety
 /// As for [`super::gated_delta_rule`]; the CPU supports `isa` (>= AVX2).
 pub unsafe fn gated_delta_rule(
@@ -113,11 +142,7 @@ pub unsafe fn gated_delta_rule(
     path: Path,
     args: &DeltaRule,
 ) -> Result<()> {
-    let kernels = if isa >= Isa::Avx512 {
-        &avx512::KERNELS
-    } else {
-        &avx2::KERNELS
-    };
+    let kernels = kernels(isa);
     let (heads, v_heads) = (args.heads, args.v_heads);
     let mut chunks: Vec<Chunk> = Vec::new();
     // (sequence, first chunk, chunk count) of every chunked sequence.

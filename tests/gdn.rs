@@ -1886,7 +1886,10 @@ fn perf_report() {
         unsafe { ssmk_context_destroy(ctx) };
         best
     };
-    let (h, hv, kd, vd) = (16, 32, 128, 128);
+    // GDN_KDA=1: Kimi Linear's heads with per-channel decays.
+    let kda = std::env::var("GDN_KDA").is_ok();
+    let (h, hv, kd, vd) = (if kda { 32 } else { 16 }, 32, 128, 128);
+    let with_decays = |p: Gdn| if kda { p.with_channel_decays(1) } else { p };
     let isa = Isa::detected();
     if std::env::var("GDN_PERF").as_deref() == Ok("crossover") {
         for len in [8usize, 16, 24, 32, 48, 64, 128] {
@@ -1928,7 +1931,7 @@ fn perf_report() {
     };
     for &lens in prefill_cases {
         let t: usize = lens.iter().sum();
-        let mut p = Gdn::new(
+        let p = Gdn::new(
             1,
             t,
             h,
@@ -1940,6 +1943,7 @@ fn perf_report() {
             true,
         )
         .with_seqs(lens);
+        let mut p = with_decays(p);
         p.init = Some(Tensor::ints(DType::Bool, &vec![1; lens.len()]));
         let flops = 2.0 * (t * hv) as f64 * (3 * kd * vd + 2 * 64 * kd + 2 * 64 * vd) as f64;
         for &path in paths {
@@ -1966,7 +1970,7 @@ fn perf_report() {
         }
     }
     let b = 64;
-    let mut p = Gdn::new(
+    let p = Gdn::new(
         2,
         b,
         h,
@@ -1978,6 +1982,7 @@ fn perf_report() {
         true,
     )
     .with_seqs(&vec![1; b]);
+    let mut p = with_decays(p);
     p.init = Some(Tensor::ints(DType::Bool, &vec![1; b]));
     let bytes = 2.0 * (b * hv * kd * vd * 4) as f64;
     for threads in [1, 2] {

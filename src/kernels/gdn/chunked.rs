@@ -48,7 +48,7 @@ pub struct Chunk {
 /// Scratch layout of one wave of q/k heads `first_head .. first_head + heads` (and their v-heads),
 /// in f32 elements, per chunk: for each q/k head `[2][C][K]` (normalised q, k), then for each
 /// v-head `-w [C][K]`, `u [C][V]`, `P [C][C]` and the decays: `G [C]`, or with per-channel decays
-/// `q e^G [C][K]`, `k e^(G_last - G) [C][K]`, `e^(G_last) [K]`.
+/// `q e^G [C][Kp]`, `k e^(G_last - G) [C][Kp]`, `e^(G_last) [Kp]` (`Kp` = [`padded_k`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
     pub first_head: usize,
@@ -66,7 +66,7 @@ impl Layout {
     }
     fn decays_size(&self) -> usize {
         match self.per_channel {
-            true => 2 * C * self.k_dim + self.k_dim,
+            true => (2 * C + 1) * padded_k(self.k_dim),
             false => C,
         }
     }
@@ -252,12 +252,12 @@ pub unsafe fn intra<S: Simd>(
                 x[i * kd + r] = unsafe { *kn.add(i * kd + r) } * f;
             }
         }
-        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, &x, &mut y, &beta[..m]) };
+        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, (&x, kd), &mut y, &beta[..m]) };
     }
 }
 
-/// `-w = T x` and `u = T (v * beta)` into a v-head's scratch, from `x = -k * beta * e^G` and
-/// `T = (I + A)^-1` (`C` columns); `y` is `[C][V]` room for `v * beta`.
+/// `-w = T x` and `u = T (v * beta)` into a v-head's scratch, from `x = -k * beta * e^G` (rows
+/// `ldx` apart) and `T = (I + A)^-1` (`C` columns); `y` is `[C][V]` room for `v * beta`.
 ///
 /// # Safety
 /// As for [`intra`]; `hs` is v-head `hv`'s scratch of this chunk.
@@ -269,7 +269,7 @@ unsafe fn store_wu<S: Simd>(
     hv: usize,
     hs: &HeadScratch,
     tinv: &[f32],
-    x: &[f32],
+    (x, ldx): (&[f32], usize),
     y: &mut [f32],
     beta: &[f32],
 ) {
@@ -293,7 +293,7 @@ unsafe fn store_wu<S: Simd>(
         col_stride: 1,
     };
     unsafe {
-        gemm::<S>(m, kd, m, t, x.as_ptr(), kd, hs.w, kd, false, true);
+        gemm::<S>(m, kd, m, t, x.as_ptr(), ldx, hs.w, kd, false, true);
         gemm::<S>(m, vd, m, t, y.as_ptr(), vd, hs.u, vd, false, true);
     }
 }
@@ -305,22 +305,27 @@ unsafe fn decay_product<S: Simd>(e: S::V, a: S::V) -> S::V {
     unsafe { S::max(S::fma(e, a, S::splat(-FLUSH)), S::zero()) }
 }
 
-/// `dst = x * y` over `n` floats (`n` a multiple of `S::LANES`).
+/// `dst = x * y * f` over `n` floats (`n` a multiple of `S::LANES`).
 ///
 /// # Safety
 /// Each pointer addresses `n` floats.
 #[inline(always)]
-unsafe fn mul_rows<S: Simd>(x: *const f32, y: *const f32, dst: *mut f32, n: usize) {
+unsafe fn mul_rows<S: Simd>(x: *const f32, y: *const f32, f: f32, dst: *mut f32, n: usize) {
     let mut r = 0;
-    while r < n {
-        unsafe {
-            S::store_f32(
-                dst.add(r),
-                S::mul(S::load_f32(x.add(r)), S::load_f32(y.add(r))),
-            )
-        };
-        r += S::LANES;
+    unsafe {
+        let f = S::splat(f);
+        while r < n {
+            let xy = S::mul(S::load_f32(x.add(r)), S::load_f32(y.add(r)));
+            S::store_f32(dst.add(r), S::mul(xy, f));
+            r += S::LANES;
+        }
     }
+}
+
+/// Row length of the per-channel work: `K` rounded up to 16 floats (a whole number of vectors on
+/// every ISA), the padding lanes holding `q = k = 0` and `a = 1`.
+pub(crate) fn padded_k(k_dim: usize) -> usize {
+    k_dim.next_multiple_of(16)
 }
 
 /// `dst = decay_product(e, a)` over `n` floats (`n` a multiple of `S::LANES`).
@@ -341,6 +346,52 @@ unsafe fn product_rows<S: Simd>(e: *const f32, a: *const f32, dst: *mut f32, n: 
     }
 }
 
+/// One pair `(i, j)` of a diagonal block: with `step` (`i > j`), first `e *= a_i` (flushed) in
+/// place; then `(k_i . (k_j e), q_i . (k_j e))` over `kp` floats (a multiple of `S::LANES`), two
+/// vectors at a time in separate sums so the accumulators stay in registers.
+///
+/// # Safety
+/// Every pointer addresses `kp` floats; `e` is not aliased.
+#[inline(always)]
+unsafe fn diagonal_pair<S: Simd>(
+    e: *mut f32,
+    step: Option<*const f32>,
+    kj: *const f32,
+    [ki, qi]: [*const f32; 2],
+    kp: usize,
+) -> (f32, f32) {
+    let l = S::LANES;
+    let mut acc = unsafe { [S::zero(); 4] };
+    let mut r = 0;
+    unsafe {
+        let weight = |r: usize| {
+            let mut ev = S::load_f32(e.add(r));
+            if let Some(a) = step {
+                ev = decay_product::<S>(ev, S::load_f32(a.add(r)));
+                S::store_f32(e.add(r), ev);
+            }
+            S::mul(S::load_f32(kj.add(r)), ev)
+        };
+        while r + 2 * l <= kp {
+            let (t0, t1) = (weight(r), weight(r + l));
+            acc[0] = S::fma(S::load_f32(ki.add(r)), t0, acc[0]);
+            acc[1] = S::fma(S::load_f32(ki.add(r + l)), t1, acc[1]);
+            acc[2] = S::fma(S::load_f32(qi.add(r)), t0, acc[2]);
+            acc[3] = S::fma(S::load_f32(qi.add(r + l)), t1, acc[3]);
+            r += 2 * l;
+        }
+        if r < kp {
+            let t0 = weight(r);
+            acc[0] = S::fma(S::load_f32(ki.add(r)), t0, acc[0]);
+            acc[2] = S::fma(S::load_f32(qi.add(r)), t0, acc[2]);
+        }
+        (
+            S::reduce_sum(S::add(acc[0], acc[1])),
+            S::reduce_sum(S::add(acc[2], acc[3])),
+        )
+    }
+}
+
 /// Pass 1 with per-channel decays, for every v-head of q/k head `h` (see the module doc). Rows
 /// of the per-channel work are padded to `kp` (a multiple of 16) with `q = k = 0`, `a = 1`.
 ///
@@ -356,7 +407,7 @@ unsafe fn intra_per_channel<S: Simd>(
     h: usize,
 ) {
     let (kd, vd, m) = (args.k_dim, args.v_dim, chunk.len);
-    let kp = kd.next_multiple_of(16);
+    let kp = padded_k(kd);
     let qn = layout.qk(scratch, c, h);
     let kn = qn.wrapping_add(C * kd);
     let padded = |src: *const f32| {
@@ -382,11 +433,10 @@ unsafe fn intra_per_channel<S: Simd>(
     let mut qk = vec![0f32; C * C];
     let mut tinv = vec![0f32; C * C];
     let mut a_row = [0f32; C];
-    let mut x = vec![0f32; C * kd];
+    let mut x = vec![0f32; C * kp];
     let mut y = vec![0f32; C * vd];
     let mut beta = [0f32; C];
     let mut g_row = vec![0f32; kd];
-    let l = S::LANES;
     for j in 0..layout.group {
         let hv = args.v_head(h, j);
         let hs = layout.head(scratch, c, h, j);
@@ -402,27 +452,13 @@ unsafe fn intra_per_channel<S: Simd>(
             for i in 1..m {
                 product_rows::<S>(egp.add((i - 1) * kp), ap.add(i * kp), egp.add(i * kp), kp);
             }
-            let (qg, kdec, elast) = (hs.g, hs.g.add(C * kd), hs.g.add(2 * C * kd));
+            let (qg, kdec, elast) = (hs.g, hs.g.add(C * kp), hs.g.add(2 * C * kp));
             for i in 0..m {
-                mul_rows::<S>(
-                    qp.as_ptr().add(i * kp),
-                    egp.add(i * kp),
-                    run.as_mut_ptr(),
-                    kp,
-                );
-                std::ptr::copy_nonoverlapping(run.as_ptr(), qg.add(i * kd), kd);
-                mul_rows::<S>(
-                    kpd.as_ptr().add(i * kp),
-                    egp.add(i * kp),
-                    run.as_mut_ptr(),
-                    kp,
-                );
-                let f = -beta[i];
-                for r in 0..kd {
-                    x[i * kd + r] = run[r] * f;
-                }
+                let (q, k, e) = (qp.as_ptr(), kpd.as_ptr(), egp.add(i * kp));
+                mul_rows::<S>(q.add(i * kp), e, 1.0, qg.add(i * kp), kp);
+                mul_rows::<S>(k.add(i * kp), e, -beta[i], x.as_mut_ptr().add(i * kp), kp);
             }
-            std::ptr::copy_nonoverlapping(egp.add((m - 1) * kp), elast, kd);
+            std::ptr::copy_nonoverlapping(egp.add((m - 1) * kp), elast, kp);
             // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
             run.iter_mut().for_each(|x| *x = 1.0);
             for i in (0..m).rev() {
@@ -432,10 +468,10 @@ unsafe fn intra_per_channel<S: Simd>(
                 mul_rows::<S>(
                     kpd.as_ptr().add(i * kp),
                     run.as_ptr(),
-                    cols.as_mut_ptr(),
+                    1.0,
+                    kdec.add(i * kp),
                     kp,
                 );
-                std::ptr::copy_nonoverlapping(cols.as_ptr(), kdec.add(i * kd), kd);
             }
             let mut n = 0;
             while n < m {
@@ -461,6 +497,7 @@ unsafe fn intra_per_channel<S: Simd>(
                         mul_rows::<S>(
                             kpd.as_ptr().add(jj * kp),
                             run.as_ptr(),
+                            1.0,
                             cols.as_mut_ptr().add(jj * kp),
                             kp,
                         );
@@ -506,27 +543,12 @@ unsafe fn intra_per_channel<S: Simd>(
                     run.iter_mut().for_each(|x| *x = 1.0);
                     let kj = kpd.as_ptr().add(jj * kp);
                     for i in jj..n + rs {
-                        let (ki, qi, ai) = (
-                            kpd.as_ptr().add(i * kp),
-                            qp.as_ptr().add(i * kp),
-                            ap.add(i * kp),
-                        );
-                        let mut acc = [S::zero(); 4];
-                        let mut r = 0;
-                        while r < kp {
-                            let mut e = S::load_f32(run.as_ptr().add(r));
-                            if i > jj {
-                                e = decay_product::<S>(e, S::load_f32(ai.add(r)));
-                                S::store_f32(run.as_mut_ptr().add(r), e);
-                            }
-                            let t = S::mul(S::load_f32(kj.add(r)), e);
-                            let half = (r / l) & 1;
-                            acc[half] = S::fma(S::load_f32(ki.add(r)), t, acc[half]);
-                            acc[2 + half] = S::fma(S::load_f32(qi.add(r)), t, acc[2 + half]);
-                            r += l;
-                        }
-                        kk[i * C + jj] = S::reduce_sum(S::add(acc[0], acc[1]));
-                        qk[i * C + jj] = S::reduce_sum(S::add(acc[2], acc[3]));
+                        let rows = [kpd.as_ptr().add(i * kp), qp.as_ptr().add(i * kp)];
+                        let step = (i > jj).then(|| ap.add(i * kp));
+                        let (kk_ij, qk_ij) =
+                            diagonal_pair::<S>(run.as_mut_ptr(), step, kj, rows, kp);
+                        kk[i * C + jj] = kk_ij;
+                        qk[i * C + jj] = qk_ij;
                     }
                 }
                 n += rs;
@@ -545,7 +567,7 @@ unsafe fn intra_per_channel<S: Simd>(
             }
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
-        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, &x, &mut y, &beta[..m]) };
+        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, (&x, kp), &mut y, &beta[..m]) };
     }
 }
 
@@ -604,8 +626,10 @@ pub unsafe fn inter<S: Simd>(
             prefetch_l2(layout.qk(scratch, c + 1, h).cast(), 2 * C * kd * 4);
         }
         // q e^G and k e^(G_last - G): stored by pass 1 with per-channel decays.
-        let (qg_ptr, kdec_ptr) = if args.per_channel {
-            (hs.g.cast_const(), hs.g.wrapping_add(C * kd).cast_const())
+        let kp = padded_k(kd);
+        let (qg_ptr, kdec_ptr, ldq) = if args.per_channel {
+            let qg = hs.g.cast_const();
+            (qg, qg.wrapping_add(C * kp), kp)
         } else {
             let gcum = unsafe { std::slice::from_raw_parts(hs.g, m) };
             let glast = gcum[m - 1];
@@ -622,7 +646,7 @@ pub unsafe fn inter<S: Simd>(
                     }
                 }
             }
-            (qg.as_ptr(), kdec.as_ptr())
+            (qg.as_ptr(), kdec.as_ptr(), kd)
         };
         unsafe {
             // v' = u + (-w) S, in place over u.
@@ -649,7 +673,7 @@ pub unsafe fn inter<S: Simd>(
                 kd,
                 MatA {
                     ptr: qg_ptr,
-                    row_stride: kd,
+                    row_stride: ldq,
                     col_stride: 1,
                 },
                 s.as_ptr(),
@@ -686,7 +710,7 @@ pub unsafe fn inter<S: Simd>(
         }
         // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay per channel.
         if args.per_channel {
-            let elast = unsafe { std::slice::from_raw_parts(hs.g.add(2 * C * kd), kd) };
+            let elast = unsafe { std::slice::from_raw_parts(hs.g.add(2 * C * kp), kd) };
             for (row, &d) in s.chunks_exact_mut(vd).zip(elast) {
                 unsafe { scale::<S>(row, d) };
             }
@@ -701,7 +725,7 @@ pub unsafe fn inter<S: Simd>(
                 MatA {
                     ptr: kdec_ptr,
                     row_stride: 1,
-                    col_stride: kd,
+                    col_stride: ldq,
                 },
                 hs.u,
                 vd,

@@ -502,15 +502,16 @@ unsafe fn intra_per_channel<S: Simd>(
                             kp,
                         );
                     }
-                    if rs < SUB {
-                        bt.iter_mut().for_each(|x| *x = 0.0);
-                    }
+                    // Columns of bt past `rs` keep stale (finite) values: their products are
+                    // never read.
+                    let btp = bt.as_mut_ptr();
                     for cc in 0..rs {
-                        let i = n + cc;
-                        for r in 0..kd {
-                            let f = rowf[i * kp + r];
-                            bt[r * 2 * SUB + cc] = kpd[i * kp + r] * f;
-                            bt[r * 2 * SUB + SUB + cc] = qp[i * kp + r] * f;
+                        let (i, tmp) = (n + cc, run.as_mut_ptr());
+                        for (src, col) in [(kpd.as_ptr(), cc), (qp.as_ptr(), SUB + cc)] {
+                            mul_rows::<S>(src.add(i * kp), rf.add(i * kp), 1.0, tmp, kp);
+                            for r in 0..kd {
+                                *btp.add(r * 2 * SUB + col) = *tmp.add(r);
+                            }
                         }
                     }
                     let cols_a = MatA {
@@ -530,11 +531,12 @@ unsafe fn intra_per_channel<S: Simd>(
                         false,
                         false,
                     );
+                    let (kqp, kkp, qkp) = (kq.as_ptr(), kk.as_mut_ptr(), qk.as_mut_ptr());
                     for cc in 0..rs {
                         let i = n + cc;
                         for jj in 0..n {
-                            kk[i * C + jj] = kq[jj * 2 * SUB + cc];
-                            qk[i * C + jj] = kq[jj * 2 * SUB + SUB + cc];
+                            *kkp.add(i * C + jj) = *kqp.add(jj * 2 * SUB + cc);
+                            *qkp.add(i * C + jj) = *kqp.add(jj * 2 * SUB + SUB + cc);
                         }
                     }
                 }

@@ -271,5 +271,36 @@ class GatedDeltaNet(unittest.TestCase):
                 self.assertAlmostEqual(state[i * V + j], k[i] * 0.5 * v[j], delta=1e-6)
 
 
+    def test_kda_delta_rule_matches_per_channel_recurrence(self):
+        # Two tokens with one decay per key channel (g [T, HV, K]) against the recurrence in Python.
+        import math
+
+        T, K, V = 2, 3, 2
+        q = [0.5, -1.0, 2.0, 0.25, 1.5, -0.5]
+        k = [1.0, 0.5, -0.5, -0.25, 2.0, 1.0]
+        v = [3.0, -1.0, 0.5, 2.0]
+        g = [-0.1, -2.0, -20.0, -0.5, -0.01, -3.0]
+        beta = [0.5, 0.8]
+        out = array.array("f", [0.0] * (T * V))
+        ssmk.gated_delta_rule(ssmk.tensor(array.array("f", q), shape=(T, 1, K)),
+                              ssmk.tensor(array.array("f", k), shape=(T, 1, K)),
+                              ssmk.tensor(array.array("f", v), shape=(T, 1, V)),
+                              ssmk.tensor(array.array("f", g), shape=(T, 1, K)),
+                              ssmk.tensor(array.array("f", beta), shape=(T, 1)),
+                              ssmk.tensor(out, shape=(T, 1, V)), scale=1.0)
+        S = [[0.0] * V for _ in range(K)]
+        for t in range(T):
+            kt, qt = k[t * K:(t + 1) * K], q[t * K:(t + 1) * K]
+            for i in range(K):
+                S[i] = [x * math.exp(g[t * K + i]) for x in S[i]]
+            for j in range(V):
+                kv = sum(S[i][j] * kt[i] for i in range(K))
+                delta = beta[t] * (v[t * V + j] - kv)
+                for i in range(K):
+                    S[i][j] += kt[i] * delta
+                want = sum(S[i][j] * qt[i] for i in range(K))
+                self.assertAlmostEqual(out[t * V + j], want, delta=1e-5)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

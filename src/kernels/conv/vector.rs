@@ -1,6 +1,7 @@
 //! Vector kernels: channels in SIMD lanes, tokens in tiles of rows. One generic body over
-//! [`Simd`], compiled per ISA, dtype pair and width into separate `#[target_feature]` functions
-//! (`isa_block!`) that the entry points at the bottom pick from.
+//! [`Simd`], compiled per ISA, dtype pair and width class (3, 4, or any width read at run time,
+//! see [`ANY_WIDTH`]) into separate `#[target_feature]` functions (`isa_block!`) that the entry
+//! points at the bottom pick from.
 //!
 //! A task (token group × channel block) widens its block of weights and bias to f32 once, then
 //! walks each piece in tiles of `TILE_ROWS` consecutive tokens (half as many when a vector takes
@@ -33,6 +34,22 @@ const TILE_ROWS: usize = 4;
 const PREFETCH_LINES: usize = 8;
 /// Most window rows of a tile.
 const MAX_WINDOW: usize = MAX_WIDTH - 1 + TILE_ROWS;
+
+/// The width parameter `W` of the instance for rare widths (2 and 5..=8), which reads the width
+/// from the problem at run time. The widths models use have their own instances (3: LFM2's
+/// ShortConv; 4: Mamba-2's and Qwen3-Next's convs), whose tap and window loops unroll into
+/// registers; an instance per rare width cost more compile time and code than all the rest of the
+/// crate for calls no model makes.
+const ANY_WIDTH: usize = 0;
+
+/// The conv width of the instance for `W`: `W` itself, or the problem's for [`ANY_WIDTH`].
+#[inline(always)]
+fn width<const W: usize>(p: &Problem) -> usize {
+    match W {
+        ANY_WIDTH => p.width,
+        w => w,
+    }
+}
 
 /// How the conv reads its input rows and stores its output rows: plain `x`/`out` here; a fused
 /// caller (e.g. LFM2's `C * conv(B * x)`) supplies another implementation to transform the input
@@ -406,7 +423,7 @@ fn source<A, St>(p: &Problem, s: &Seq, rel: isize) -> Source<St> {
     }
 }
 
-/// One block kernel: a dtype pair, a width and an ISA, compiled as its own function. (Inlined
+/// One block kernel: a dtype pair, a width class and an ISA, compiled as its own function. (Inlined
 /// into one function per ISA, the 35 combinations took LLVM many minutes to optimize.)
 type BlockFn<Io> = unsafe fn(&Problem, &[Piece], usize, usize, &Io);
 
@@ -421,18 +438,13 @@ unsafe fn run_task<Io: RowIo>(p: &Problem, plan: &Plan, i: usize, io: &Io, block
     unsafe { block(p, pieces, c0, cn, io) }
 }
 
-/// `$f::<A, St, $Io, W>` for width `$w`.
+/// `$f::<A, St, $Io, W>` for width `$w`: its own instance for 3 and 4, else [`ANY_WIDTH`]'s.
 macro_rules! by_width {
     ($f:ident, $A:ty, $St:ty, $Io:ty, $w:expr) => {
         match $w {
-            2 => $f::<$A, $St, $Io, 2> as BlockFn<$Io>,
-            3 => $f::<$A, $St, $Io, 3>,
+            3 => $f::<$A, $St, $Io, 3> as BlockFn<$Io>,
             4 => $f::<$A, $St, $Io, 4>,
-            5 => $f::<$A, $St, $Io, 5>,
-            6 => $f::<$A, $St, $Io, 6>,
-            7 => $f::<$A, $St, $Io, 7>,
-            8 => $f::<$A, $St, $Io, 8>,
-            w => unreachable!("validated width {w}"),
+            _ => $f::<$A, $St, $Io, ANY_WIDTH>,
         }
     };
 }
@@ -495,6 +507,8 @@ struct Taps {
     stride: usize,
     /// Rows in the buffer: `W + 1`, plus `W - 1` with room for kept inputs.
     rows: usize,
+    /// The conv width `W`.
+    width: usize,
     cn: usize,
     /// `cn` zero elements of any dtype: the history of a sequence without initial state.
     zeros: Vec<f32>,
@@ -502,17 +516,18 @@ struct Taps {
 
 impl Taps {
     /// The taps of channels `c0..c0+cn`, with room for `kept` rows of kept inputs.
-    fn new<S: Simd, const W: usize>(p: &Problem, c0: usize, cn: usize, kept: usize) -> Taps {
+    fn new<S: Simd>(p: &Problem, c0: usize, cn: usize, kept: usize) -> Taps {
         const PAGE: usize = 4096 / size_of::<f32>();
         const LINE: usize = 64 / size_of::<f32>();
-        let rows = W + 1 + kept;
+        let w = p.width;
+        let rows = w + 1 + kept;
         let phase = PAGE / rows / LINE * LINE;
         let stride = cn + (phase + PAGE - cn % PAGE) % PAGE;
         let mut buffer = vec![0f32; rows * stride + LINE - 1];
         let start = (buffer.as_ptr() as usize).wrapping_neg() % 64 / size_of::<f32>();
-        for (k, row) in buffer[start..].chunks_mut(stride).take(W + 1).enumerate() {
+        for (k, row) in buffer[start..].chunks_mut(stride).take(w + 1).enumerate() {
             let row = &mut row[..cn];
-            match (k < W, p.bias) {
+            match (k < w, p.bias) {
                 (true, _) => unsafe { p.weight.column(k, c0, row) },
                 (false, Some(bias)) => unsafe { bias.column(0, c0, row) },
                 (false, None) => {}
@@ -532,6 +547,7 @@ impl Taps {
             base,
             stride,
             rows,
+            width: w,
             cn,
             zeros: vec![0.0; cn],
         }
@@ -554,10 +570,14 @@ impl Taps {
     /// The kept inputs, for the gated piece starting at token `piece_start` (the rows `new` made
     /// room for).
     #[inline(always)]
-    fn kept<const W: usize>(&self, piece_start: usize) -> KeptCursor {
-        assert_eq!(self.rows, 2 * W, "taps made without room for kept inputs");
+    fn kept(&self, piece_start: usize) -> KeptCursor {
+        assert_eq!(
+            self.rows,
+            2 * self.width,
+            "taps made without room for kept inputs"
+        );
         KeptCursor {
-            values: self.base.wrapping_add((W + 1) * self.stride),
+            values: self.base.wrapping_add((self.width + 1) * self.stride),
             stride: self.stride,
             piece_start,
         }
@@ -575,8 +595,12 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
 ) {
     // Gated pieces of more than one token keep their inputs for the next tile.
     let keeps = |pc: &Piece| !Io::RAW_INPUT && pc.t1 - pc.t0 > 1;
-    let kept_rows = if pieces.iter().any(keeps) { W - 1 } else { 0 };
-    let taps = Taps::new::<S, W>(p, c0, cn, kept_rows);
+    let kept_rows = if pieces.iter().any(keeps) {
+        p.width - 1
+    } else {
+        0
+    };
+    let taps = Taps::new::<S>(p, c0, cn, kept_rows);
     for pc in pieces {
         let s = &p.seqs[pc.seq];
         if s.pad {
@@ -584,7 +608,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
             continue;
         }
         let tokens = pc.t0..pc.t1;
-        let cursor = keeps(pc).then(|| taps.kept::<W>(pc.t0));
+        let cursor = keeps(pc).then(|| taps.kept(pc.t0));
         let kept = cursor.as_ref();
         // Two-register vectors (bf16 channel pairs): half the tile keeps the window in registers
         // (measured: tiles of 4 spill and lose ~5%).
@@ -662,11 +686,12 @@ unsafe fn fill_kept<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W
         rows: [Source::<St>::Zero; MAX_WINDOW],
         state_ch: p.state_ch,
     };
-    for (k, row) in history.rows.iter_mut().enumerate().take(W - 1) {
-        *row = source::<A, St>(p, s, t as isize + k as isize - (W as isize - 1));
+    let w = width::<W>(p);
+    for (k, row) in history.rows.iter_mut().enumerate().take(w - 1) {
+        *row = source::<A, St>(p, s, t as isize + k as isize - (w as isize - 1));
     }
     let vec_end = cn / S::LANES * S::LANES;
-    for k in 0..W - 1 {
+    for k in 0..w - 1 {
         unsafe {
             for v in (0..vec_end).step_by(S::LANES) {
                 let value = history.load::<S, A, Io>(k, io, c0 + v);
@@ -744,13 +769,14 @@ unsafe fn kept_tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R:
     kept: &KeptCursor,
     io: &Io,
 ) {
+    let w = width::<W>(p);
     let window = KeptRows {
         kept: kept.values,
         stride: kept.stride,
         c0,
-        history: W - 1,
+        history: w - 1,
         inputs: std::array::from_fn(|k| {
-            let row = (t + k).wrapping_sub(W - 1);
+            let row = (t + k).wrapping_sub(w - 1);
             s.x.cast::<A>()
                 .wrapping_add(row.wrapping_mul(p.x_tok))
                 .cast()
@@ -779,13 +805,14 @@ unsafe fn tile<
     taps: &Taps,
     io: &Io,
 ) {
-    let window = W - 1 + R;
+    let w = width::<W>(p);
+    let window = w - 1 + R;
     let mut sources = Sources {
         rows: [Source::<St>::Zero; MAX_WINDOW],
         state_ch: p.state_ch,
     };
     for (k, sk) in sources.rows.iter_mut().enumerate().take(window) {
-        *sk = source::<A, St>(p, s, t as isize + k as isize - (W as isize - 1));
+        *sk = source::<A, St>(p, s, t as isize + k as isize - (w as isize - 1));
     }
     // History rows read as x rows when they hold x's bits in x's layout.
     let raw_history = Io::RAW_INPUT && A::DTYPE == St::DTYPE && p.state_ch == 1;
@@ -807,7 +834,7 @@ unsafe fn tile<
             if appends_in_tile::<A, St, Io>(p, s, t..t + R) {
                 let rows = DecodeRows {
                     rows,
-                    history: W - 1,
+                    history: w - 1,
                 };
                 tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
             } else {
@@ -819,7 +846,7 @@ unsafe fn tile<
             // Only a strided state gets here: one row at a time keeps the code small.
             for r in 0..R {
                 let mut one = sources;
-                one.rows.copy_within(r..r + W, 0);
+                one.rows.copy_within(r..r + w, 0);
                 tile_rows::<S, A, Io, _, W, 1>(p, s, t + r, c0, cn, taps, None, io, &one);
             }
         }
@@ -880,7 +907,8 @@ unsafe fn tile_rows<
     io: &Io,
     win: &Win,
 ) {
-    let window = W - 1 + R;
+    let w = width::<W>(p);
+    let window = w - 1 + R;
     let keep = keep.filter(|_| !Io::RAW_INPUT);
     let x = s.x.cast::<A>();
     let out = s.out.cast::<A>();
@@ -893,7 +921,7 @@ unsafe fn tile_rows<
     // 0.85-0.97x; with 16 KiB rows the check cost 4%).
     let next_tile = cn * size_of::<A>() <= 4096 && t + R < s.len;
     let vec_end = cn / S::LANES * S::LANES;
-    let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(W)));
+    let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(w)));
     let mut v = 0;
     while v < vec_end {
         let c = c0 + v;
@@ -918,12 +946,12 @@ unsafe fn tile_rows<
                 *xk = win.load::<S, A, Io>(k, io, c);
             }
             if let Some(kept) = keep {
-                for k in 0..W - 1 {
+                for k in 0..w - 1 {
                     S::store_lane_order(kept.at(k, v), xv[R + k]);
                 }
             }
-            let mut acc = [S::load_lane_order(tap[W].add(v)); R];
-            for k in 0..W {
+            let mut acc = [S::load_lane_order(tap[w].add(v)); R];
+            for k in 0..w {
                 let wk = S::load_lane_order(tap[k].add(v));
                 for r in 0..R {
                     acc[r] = S::fma(wk, xv[r + k], acc[r]);
@@ -941,21 +969,25 @@ unsafe fn tile_rows<
     }
     for j in vec_end..cn {
         let c = c0 + j;
-        let w: [f32; W] = std::array::from_fn(|k| taps.value(k, j));
-        let bias = taps.value(W, j);
+        let mut weights = [0f32; MAX_WIDTH];
+        for (k, wk) in weights.iter_mut().enumerate().take(w) {
+            *wk = taps.value(k, j);
+        }
+        let bias = taps.value(w, j);
         for r in 0..R {
-            let x: [f32; W] = std::array::from_fn(|k| unsafe { win.load1::<A, Io>(r + k, io, c) });
-            let y = scalar_output(&w, &x, bias, p.silu);
+            let mut x = [0f32; MAX_WIDTH];
+            for (k, xk) in x.iter_mut().enumerate().take(w) {
+                *xk = unsafe { win.load1::<A, Io>(r + k, io, c) };
+            }
+            let y = scalar_output(&weights[..w], &x[..w], bias, p.silu);
             unsafe { io.store1::<A>(orows[r], xrows[r], c, y) };
         }
         if let Some(kept) = keep {
-            let inputs: [f32; W] = std::array::from_fn(|k| unsafe {
-                match k < W - 1 {
-                    true => win.load1::<A, Io>(R + k, io, c),
-                    false => 0.0,
-                }
-            });
-            for (k, v) in inputs.iter().take(W - 1).enumerate() {
+            let mut inputs = [0f32; MAX_WIDTH];
+            for (k, v) in inputs.iter_mut().enumerate().take(w - 1) {
+                *v = unsafe { win.load1::<A, Io>(R + k, io, c) };
+            }
+            for (k, v) in inputs.iter().take(w - 1).enumerate() {
                 unsafe { kept.at(k, j).write(*v) };
             }
         }

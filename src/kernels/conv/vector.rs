@@ -1,7 +1,7 @@
 //! Vector kernels: channels in SIMD lanes, tokens in tiles of rows. One generic body over
-//! [`Simd`], compiled per ISA, dtype pair and width class (3, 4, or any width read at run time,
-//! see [`ANY_WIDTH`]) into separate `#[target_feature]` functions (`isa_block!`) that the entry
-//! points at the bottom pick from.
+//! [`Simd`], compiled per ISA, activation dtype and width class (3, 4, or any width read at run
+//! time, see [`ANY_WIDTH`]) into separate `#[target_feature]` functions (`isa_block!`) that the
+//! entry points at the bottom pick from.
 //!
 //! A task (token group × channel block) widens its block of weights and bias to f32 once, then
 //! walks each piece in tiles of `TILE_ROWS` consecutive tokens (half as many when a vector takes
@@ -49,6 +49,14 @@ fn width<const W: usize>(p: &Problem) -> usize {
         ANY_WIDTH => p.width,
         w => w,
     }
+}
+
+/// Whether the state holds f32 for 16-bit activations; else it holds x's dtype (validated). The
+/// state's element type is no parameter of the block: only the code that reads or writes the
+/// state (the first tiles of a sequence, and its new state) is compiled for both.
+#[inline(always)]
+fn wide_state<A: SimdElement>(p: &Problem) -> bool {
+    A::DTYPE != DType::F32 && p.state_dtype == DType::F32
 }
 
 /// How the conv reads its input rows and stores its output rows: plain `x`/`out` here; a fused
@@ -303,13 +311,13 @@ impl<A: SimdElement> Window for DecodeRows<A> {
 /// Whether `tokens` of `s` are a decode that [`DecodeRows`] appends to its state (x's bits kept in a
 /// contiguous state of x's dtype), so [`write_state`] must not.
 #[inline(always)]
-fn appends_in_tile<A: SimdElement, St: SimdElement, Io: RowIo>(
+fn appends_in_tile<A: SimdElement, Io: RowIo>(
     p: &Problem,
     s: &Seq,
     tokens: std::ops::Range<usize>,
 ) -> bool {
     Io::RAW_INPUT
-        && A::DTYPE == St::DTYPE
+        && p.state_dtype == A::DTYPE
         && p.state_ch == 1
         && (tokens.start, tokens.end, s.len) == (0, 1, 1)
         && s.read_state
@@ -423,8 +431,8 @@ fn source<A, St>(p: &Problem, s: &Seq, rel: isize) -> Source<St> {
     }
 }
 
-/// One block kernel: a dtype pair, a width class and an ISA, compiled as its own function. (Inlined
-/// into one function per ISA, the 35 combinations took LLVM many minutes to optimize.)
+/// One block kernel: an activation dtype, a width class and an ISA, compiled as its own function.
+/// (Inlined into one function per ISA, the 35 combinations took LLVM many minutes to optimize.)
 type BlockFn<Io> = unsafe fn(&Problem, &[Piece], usize, usize, &Io);
 
 /// Runs task `i` of a plan with `block`: token group `i / channel_blocks`, channel block
@@ -438,13 +446,13 @@ unsafe fn run_task<Io: RowIo>(p: &Problem, plan: &Plan, i: usize, io: &Io, block
     unsafe { block(p, pieces, c0, cn, io) }
 }
 
-/// `$f::<A, St, $Io, W>` for width `$w`: its own instance for 3 and 4, else [`ANY_WIDTH`]'s.
+/// `$f::<A, $Io, W>` for width `$w`: its own instance for 3 and 4, else [`ANY_WIDTH`]'s.
 macro_rules! by_width {
-    ($f:ident, $A:ty, $St:ty, $Io:ty, $w:expr) => {
+    ($f:ident, $A:ty, $Io:ty, $w:expr) => {
         match $w {
-            3 => $f::<$A, $St, $Io, 3> as BlockFn<$Io>,
-            4 => $f::<$A, $St, $Io, 4>,
-            _ => $f::<$A, $St, $Io, ANY_WIDTH>,
+            3 => $f::<$A, $Io, 3> as BlockFn<$Io>,
+            4 => $f::<$A, $Io, 4>,
+            _ => $f::<$A, $Io, ANY_WIDTH>,
         }
     };
 }
@@ -452,13 +460,11 @@ macro_rules! by_width {
 /// The block kernel for problem `$p`'s dtypes and width: `$bf` for bf16 activations, else `$f`.
 macro_rules! block_for {
     ($f:ident, $bf:ident, $Io:ty, $p:expr) => {
-        match ($p.act, $p.state_dtype) {
-            (DType::F32, _) => by_width!($f, f32, f32, $Io, $p.width),
-            (DType::BF16, DType::F32) => by_width!($bf, bf16, f32, $Io, $p.width),
-            (DType::BF16, _) => by_width!($bf, bf16, bf16, $Io, $p.width),
-            (DType::F16, DType::F32) => by_width!($f, f16, f32, $Io, $p.width),
-            (DType::F16, _) => by_width!($f, f16, f16, $Io, $p.width),
-            (a, s) => unreachable!("validated dtypes {a:?}/{s:?}"),
+        match $p.act {
+            DType::F32 => by_width!($f, f32, $Io, $p.width),
+            DType::BF16 => by_width!($bf, bf16, $Io, $p.width),
+            DType::F16 => by_width!($f, f16, $Io, $p.width),
+            a => unreachable!("validated dtype {a:?}"),
         }
     };
 }
@@ -469,7 +475,7 @@ macro_rules! isa_block {
         /// # Safety
         /// The CPU supports the ISA; as for [`block`].
         #[target_feature(enable = $features)]
-        unsafe fn $name<A: SimdElement, St: SimdElement, Io: RowIo, const W: usize>(
+        unsafe fn $name<A: SimdElement, Io: RowIo, const W: usize>(
             p: &Problem,
             pieces: &[Piece],
             c0: usize,
@@ -477,7 +483,7 @@ macro_rules! isa_block {
             io: &Io,
         ) {
             const { assert!(<$S as Simd>::LANES <= MAX_LANES) };
-            unsafe { block::<$S, A, St, Io, W>(p, pieces, c0, cn, io) }
+            unsafe { block::<$S, A, Io, W>(p, pieces, c0, cn, io) }
         }
     };
 }
@@ -586,7 +592,7 @@ impl Taps {
 
 /// Channels `c0..c0+cn` of every piece of a token group.
 #[inline(always)]
-unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: usize>(
+unsafe fn block<S: Simd, A: SimdElement, Io: RowIo, const W: usize>(
     p: &Problem,
     pieces: &[Piece],
     c0: usize,
@@ -614,17 +620,22 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
         // (measured: tiles of 4 spill and lose ~5%).
         let t = match S::VECTORS_IN_REGISTERS < 16 {
             true => unsafe {
-                tiles::<S, A, St, Io, W, { TILE_ROWS / 2 }>(p, s, tokens, c0, cn, &taps, kept, io)
+                tiles::<S, A, Io, W, { TILE_ROWS / 2 }>(p, s, tokens, c0, cn, &taps, kept, io)
             },
             false => unsafe {
-                tiles::<S, A, St, Io, W, TILE_ROWS>(p, s, tokens, c0, cn, &taps, kept, io)
+                tiles::<S, A, Io, W, TILE_ROWS>(p, s, tokens, c0, cn, &taps, kept, io)
             },
         };
-        unsafe { tiles::<S, A, St, Io, W, 1>(p, s, t..pc.t1, c0, cn, &taps, kept, io) };
+        unsafe { tiles::<S, A, Io, W, 1>(p, s, t..pc.t1, c0, cn, &taps, kept, io) };
         if let (0, Some(state)) = (pc.t0, s.state)
-            && !appends_in_tile::<A, St, Io>(p, s, pc.t0..pc.t1)
+            && !appends_in_tile::<A, Io>(p, s, pc.t0..pc.t1)
         {
-            unsafe { write_state::<S, A, St, Io>(p, s, state.cast::<St>(), c0, cn, io) };
+            unsafe {
+                match wide_state::<A>(p) {
+                    true => write_state::<S, A, f32, Io>(p, s, state.cast(), c0, cn, io),
+                    false => write_state::<S, A, A, Io>(p, s, state.cast(), c0, cn, io),
+                }
+            }
         }
     }
 }
@@ -634,14 +645,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
 /// its own last `W-1` inputs there for the next.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tiles<
-    S: Simd,
-    A: SimdElement,
-    St: SimdElement,
-    Io: RowIo,
-    const W: usize,
-    const R: usize,
->(
+unsafe fn tiles<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R: usize>(
     p: &Problem,
     s: &Seq,
     tokens: std::ops::Range<usize>,
@@ -659,10 +663,13 @@ unsafe fn tiles<
                 kept_tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, r, io)
             },
             _ => unsafe {
-                tile::<S, A, St, Io, W, R>(p, s, t, c0, cn, taps, io);
+                tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, io);
                 // Only when another tile follows (not for a decode).
                 if let Some(r) = kept.filter(|_| t + R < tokens.end) {
-                    fill_kept::<S, A, St, Io, W>(p, s, t + R, c0, cn, r, io);
+                    match wide_state::<A>(p) {
+                        true => fill_kept::<S, A, f32, Io, W>(p, s, t + R, c0, cn, r, io),
+                        false => fill_kept::<S, A, A, Io, W>(p, s, t + R, c0, cn, r, io),
+                    }
                 }
             },
         }
@@ -786,10 +793,55 @@ unsafe fn kept_tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R:
 }
 
 /// Outputs of tokens `t..t+R` of sequence `s`, channels `c0..c0+cn`: through plain row pointers
-/// when every window row can be read as a row of x, else through [`Sources`].
+/// when every window row can be read as a row of x, else through [`history_tile`] for the state's
+/// element type.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<
+unsafe fn tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R: usize>(
+    p: &Problem,
+    s: &Seq,
+    t: usize,
+    c0: usize,
+    cn: usize,
+    taps: &Taps,
+    io: &Io,
+) {
+    let w = width::<W>(p);
+    // History rows read as x rows when they hold x's bits in x's layout.
+    let raw_history = Io::RAW_INPUT && p.state_dtype == A::DTYPE && p.state_ch == 1;
+    unsafe {
+        if t < w - 1 && !raw_history {
+            return match wide_state::<A>(p) {
+                true => history_tile::<S, A, f32, Io, W, R>(p, s, t, c0, cn, taps, io),
+                false => history_tile::<S, A, A, Io, W, R>(p, s, t, c0, cn, taps, io),
+            };
+        }
+        let mut rows = Rows([std::ptr::null::<A>(); MAX_WINDOW]);
+        for (k, row) in rows.0.iter_mut().enumerate().take(w - 1 + R) {
+            *row = match source::<A, A>(p, s, t as isize + k as isize - (w as isize - 1)) {
+                Source::Input(r) => r.cast(),
+                Source::State(r) => r,
+                Source::Zero => taps.zeros.as_ptr().cast::<A>().wrapping_sub(c0),
+            };
+        }
+        if appends_in_tile::<A, Io>(p, s, t..t + R) {
+            let rows = DecodeRows {
+                rows,
+                history: w - 1,
+            };
+            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
+        } else {
+            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
+        }
+    }
+}
+
+/// A [`tile`] whose window reaches into a history not in x's layout (a state of f32 or of strided
+/// channels, or ShortConv's gated inputs), for state elements `St`: the state type is a parameter
+/// of these tiles only, so the rest of the block is compiled once per activation dtype.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn history_tile<
     S: Simd,
     A: SimdElement,
     St: SimdElement,
@@ -814,33 +866,8 @@ unsafe fn tile<
     for (k, sk) in sources.rows.iter_mut().enumerate().take(window) {
         *sk = source::<A, St>(p, s, t as isize + k as isize - (w as isize - 1));
     }
-    // History rows read as x rows when they hold x's bits in x's layout.
-    let raw_history = Io::RAW_INPUT && A::DTYPE == St::DTYPE && p.state_ch == 1;
-    let mut rows = Rows([std::ptr::null::<A>(); MAX_WINDOW]);
-    let mut plain = true;
-    for (row, src) in rows.0.iter_mut().zip(&sources.rows).take(window) {
-        *row = match *src {
-            Source::Input(r) => r.cast(),
-            Source::State(r) if raw_history => r.cast(),
-            Source::Zero if raw_history => taps.zeros.as_ptr().cast::<A>().wrapping_sub(c0),
-            _ => {
-                plain = false;
-                break;
-            }
-        };
-    }
     unsafe {
-        if plain {
-            if appends_in_tile::<A, St, Io>(p, s, t..t + R) {
-                let rows = DecodeRows {
-                    rows,
-                    history: w - 1,
-                };
-                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
-            } else {
-                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
-            }
-        } else if let Some(split) = split::<St>(&sources, window, c0, taps) {
+        if let Some(split) = split::<St>(&sources, window, c0, taps) {
             tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &split)
         } else {
             // Only a strided state gets here: one row at a time keeps the code small.

@@ -384,9 +384,10 @@ impl<St: SimdElement> Window for Sources<St> {
     }
 }
 
-/// History rows from the state (contiguous channels) or zeros, then token rows through the
-/// [`RowIo`]: the windows of decodes and of a sequence's first tiles whose state does not hold x's
-/// bits (a state of another dtype, or ShortConv's gated input).
+/// History rows from the state (contiguous channels, or gathered so) or zeros, then token rows
+/// through the [`RowIo`]: the windows of decodes and of a sequence's first tiles whose state does
+/// not hold x's bits in x's layout (a state of another dtype or of strided channels, or
+/// ShortConv's gated input).
 #[derive(Clone, Copy)]
 struct Split<St> {
     history: [*const St; MAX_WINDOW],
@@ -518,6 +519,11 @@ struct Taps {
     cn: usize,
     /// `cn` zero elements of any dtype: the history of a sequence without initial state.
     zeros: Vec<f32>,
+    /// Owns the rows at `gathered`.
+    _gathered: Vec<f32>,
+    /// For a state of strided channels, `W - 1` rows of `cn` elements of any dtype that a tile
+    /// gathers its history into (see [`gather_history`]); else none.
+    gathered: *mut f32,
 }
 
 impl Taps {
@@ -548,6 +554,8 @@ impl Taps {
             }
         }
         let base = buffer[start..].as_mut_ptr();
+        let gathered_len = if p.state_ch != 1 { (w - 1) * cn } else { 0 };
+        let mut gathered = vec![0f32; gathered_len];
         Taps {
             _buffer: buffer,
             base,
@@ -556,7 +564,16 @@ impl Taps {
             width: w,
             cn,
             zeros: vec![0.0; cn],
+            gathered: gathered.as_mut_ptr(),
+            _gathered: gathered,
         }
+    }
+
+    /// Row `k` of the gathered history, at block channel 0.
+    #[inline(always)]
+    fn gathered_row(&self, k: usize) -> *mut f32 {
+        assert!(k + 1 < self.width && self._gathered.len() == (self.width - 1) * self.cn);
+        self.gathered.wrapping_add(k * self.cn)
     }
 
     /// Pointer to row `k` (tap `k`; `k == W`: the bias) at block channel 0.
@@ -867,50 +884,61 @@ unsafe fn history_tile<
         *sk = source::<A, St>(p, s, t as isize + k as isize - (w as isize - 1));
     }
     unsafe {
-        if let Some(split) = split::<St>(&sources, window, c0, taps) {
-            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &split)
-        } else {
-            // Only a strided state gets here: one row at a time keeps the code small.
-            for r in 0..R {
-                let mut one = sources;
-                one.rows.copy_within(r..r + w, 0);
-                tile_rows::<S, A, Io, _, W, 1>(p, s, t + r, c0, cn, taps, None, io, &one);
-            }
+        if p.state_ch != 1 {
+            gather_history(&mut sources, c0, taps);
         }
+        let split = split::<St>(&sources, window, c0, taps);
+        tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &split)
     }
 }
 
-/// `sources` as a [`Split`] window, if they are history rows of contiguous channels (or zeros)
-/// followed by token rows.
+/// Copies the rows of a state with strided channels (channel `c` at `c * state_ch`) that
+/// `sources` reads into [`Taps`]' gathered rows, contiguous, and points `sources` at them: one
+/// scalar pass per row, and no window of strided loads to compile for the tiles.
+#[inline(always)]
+unsafe fn gather_history<St: SimdElement>(sources: &mut Sources<St>, c0: usize, taps: &Taps) {
+    let state_ch = sources.state_ch;
+    for (k, src) in sources.rows.iter_mut().enumerate().take(taps.width - 1) {
+        if let Source::State(row) = *src {
+            let dst = taps.gathered_row(k).cast::<St>();
+            for j in 0..taps.cn {
+                unsafe { dst.add(j).write(row.add((c0 + j) * state_ch).read()) };
+            }
+            *src = Source::State(dst.wrapping_sub(c0));
+        }
+    }
+    sources.state_ch = 1;
+}
+
+/// `sources` (history rows of contiguous channels or zeros, then token rows) as a [`Split`]
+/// window.
 #[inline(always)]
 fn split<St: SimdElement>(
     sources: &Sources<St>,
     window: usize,
     c0: usize,
     taps: &Taps,
-) -> Option<Split<St>> {
-    if sources.state_ch != 1 {
-        return None;
-    }
+) -> Split<St> {
+    assert_eq!(sources.state_ch, 1, "history rows of strided channels");
     let mut split = Split {
         history: [std::ptr::null(); MAX_WINDOW],
         inputs: [std::ptr::null(); MAX_WINDOW],
         n_history: 0,
     };
     for (k, src) in sources.rows.iter().enumerate().take(window) {
-        match *src {
-            Source::Input(row) => split.inputs[k] = row,
-            history if k == split.n_history => {
-                split.history[k] = match history {
-                    Source::State(row) => row,
-                    _ => taps.zeros.as_ptr().cast::<St>().wrapping_sub(c0),
-                };
-                split.n_history += 1;
+        let history = match *src {
+            Source::Input(row) => {
+                split.inputs[k] = row;
+                continue;
             }
-            _ => return None,
-        }
+            Source::State(row) => row,
+            Source::Zero => taps.zeros.as_ptr().cast::<St>().wrapping_sub(c0),
+        };
+        assert_eq!(k, split.n_history, "a history row after a token row");
+        split.history[k] = history;
+        split.n_history += 1;
     }
-    Some(split)
+    split
 }
 
 /// [`tile`] with its window rows.

@@ -51,6 +51,13 @@ fn width<const W: usize>(p: &Problem) -> usize {
     }
 }
 
+/// Whether history rows can be read as rows of x: the state holds x's bits in x's layout (and the
+/// conv input is x itself).
+#[inline(always)]
+fn raw_history<A: SimdElement, Io: RowIo>(p: &Problem) -> bool {
+    Io::RAW_INPUT && p.state_dtype == A::DTYPE && p.state_ch == 1
+}
+
 /// Whether the state holds f32 for 16-bit activations; else it holds x's dtype (validated). The
 /// state's element type is no parameter of the block: only the code that reads or writes the
 /// state (the first tiles of a sequence, and its new state) is compiled for both.
@@ -590,10 +597,10 @@ impl Taps {
         unsafe { self.row(k).add(j).read() }
     }
 
-    /// The kept inputs, for the gated piece starting at token `piece_start` (the rows `new` made
+    /// The kept inputs, for the gated piece of tokens `piece` (the rows `new` made
     /// room for).
     #[inline(always)]
-    fn kept(&self, piece_start: usize) -> KeptCursor {
+    fn kept(&self, piece: std::ops::Range<usize>) -> KeptCursor {
         assert_eq!(
             self.rows,
             2 * self.width,
@@ -602,7 +609,7 @@ impl Taps {
         KeptCursor {
             values: self.base.wrapping_add((self.width + 1) * self.stride),
             stride: self.stride,
-            piece_start,
+            piece,
         }
     }
 }
@@ -630,20 +637,42 @@ unsafe fn block<S: Simd, A: SimdElement, Io: RowIo, const W: usize>(
             unsafe { zero_rows::<S, A>(p, s.out.cast::<A>(), pc.t0..pc.t1, c0, cn) };
             continue;
         }
-        let tokens = pc.t0..pc.t1;
-        let cursor = keeps(pc).then(|| taps.kept(pc.t0));
+        let cursor = keeps(pc).then(|| taps.kept(pc.t0..pc.t1));
         let kept = cursor.as_ref();
-        // Two-register vectors (bf16 channel pairs): half the tile keeps the window in registers
-        // (measured: tiles of 4 spill and lose ~5%).
-        let t = match S::VECTORS_IN_REGISTERS < 16 {
-            true => unsafe {
-                tiles::<S, A, Io, W, { TILE_ROWS / 2 }>(p, s, tokens, c0, cn, &taps, kept, io)
-            },
-            false => unsafe {
-                tiles::<S, A, Io, W, TILE_ROWS>(p, s, tokens, c0, cn, &taps, kept, io)
-            },
+        // Tiles whose window reaches into a history not in x's layout (see [`tile`]) take one
+        // token each: the first `W-1` of an ungated sequence, the first of a gated one (later
+        // tiles read the kept inputs). Compiled for whole tiles too, they were a seventh of the
+        // library's code, for a token or three per sequence.
+        let head = match pc.t0 == 0 && !raw_history::<A, Io>(p) {
+            true => pc.t1.min(if Io::RAW_INPUT { width::<W>(p) - 1 } else { 1 }),
+            false => pc.t0,
         };
-        unsafe { tiles::<S, A, Io, W, 1>(p, s, t..pc.t1, c0, cn, &taps, kept, io) };
+        let mut t = pc.t0;
+        // One call site per tile size, so each is compiled once.
+        for (end, whole_tiles) in [(head, false), (pc.t1, true)] {
+            if whole_tiles {
+                // Two-register vectors (bf16 channel pairs): half the tile keeps the window in
+                // registers (measured: tiles of 4 spill and lose ~5%).
+                t = match S::VECTORS_IN_REGISTERS < 16 {
+                    true => unsafe {
+                        tiles::<S, A, Io, W, { TILE_ROWS / 2 }>(
+                            p,
+                            s,
+                            t..end,
+                            c0,
+                            cn,
+                            &taps,
+                            kept,
+                            io,
+                        )
+                    },
+                    false => unsafe {
+                        tiles::<S, A, Io, W, TILE_ROWS>(p, s, t..end, c0, cn, &taps, kept, io)
+                    },
+                };
+            }
+            t = unsafe { tiles::<S, A, Io, W, 1>(p, s, t..end, c0, cn, &taps, kept, io) };
+        }
         if let (0, Some(state)) = (pc.t0, s.state)
             && !appends_in_tile::<A, Io>(p, s, pc.t0..pc.t1)
         {
@@ -676,13 +705,13 @@ unsafe fn tiles<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R: usi
     while t + R <= tokens.end {
         match kept {
             // A tile after the piece's first: the one before kept (or filled) its history.
-            Some(r) if t > r.piece_start => unsafe {
+            Some(r) if t > r.piece.start => unsafe {
                 kept_tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, r, io)
             },
             _ => unsafe {
                 tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, io);
                 // Only when another tile follows (not for a decode).
-                if let Some(r) = kept.filter(|_| t + R < tokens.end) {
+                if let Some(r) = kept.filter(|r| t + R < r.piece.end) {
                     match wide_state::<A>(p) {
                         true => fill_kept::<S, A, f32, Io, W>(p, s, t + R, c0, cn, r, io),
                         false => fill_kept::<S, A, A, Io, W>(p, s, t + R, c0, cn, r, io),
@@ -736,7 +765,8 @@ unsafe fn fill_kept<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W
 struct KeptCursor {
     values: *mut f32,
     stride: usize,
-    piece_start: usize,
+    /// The piece's tokens.
+    piece: std::ops::Range<usize>,
 }
 
 impl KeptCursor {
@@ -824,10 +854,12 @@ unsafe fn tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R: usiz
     io: &Io,
 ) {
     let w = width::<W>(p);
-    // History rows read as x rows when they hold x's bits in x's layout.
-    let raw_history = Io::RAW_INPUT && p.state_dtype == A::DTYPE && p.state_ch == 1;
     unsafe {
-        if t < w - 1 && !raw_history {
+        if t < w - 1 && !raw_history::<A, Io>(p) {
+            assert!(
+                R == 1,
+                "a history tile of {R} tokens (the block gives them one each)"
+            );
             return match wide_state::<A>(p) {
                 true => history_tile::<S, A, f32, Io, W, R>(p, s, t, c0, cn, taps, io),
                 false => history_tile::<S, A, A, Io, W, R>(p, s, t, c0, cn, taps, io),

@@ -1,6 +1,7 @@
 //! Vector kernels: channels in SIMD lanes, tokens in tiles of rows. One generic body over
-//! [`Simd`], compiled per ISA, dtype pair and width into separate `#[target_feature]` functions
-//! (`isa_block!`) that the entry points at the bottom pick from.
+//! [`Simd`], compiled per ISA, activation dtype and width class (3, 4, or any width read at run
+//! time, see [`ANY_WIDTH`]) into separate `#[target_feature]` functions (`isa_block!`) that the
+//! entry points at the bottom pick from.
 //!
 //! A task (token group × channel block) widens its block of weights and bias to f32 once, then
 //! walks each piece in tiles of `TILE_ROWS` consecutive tokens (half as many when a vector takes
@@ -33,6 +34,37 @@ const TILE_ROWS: usize = 4;
 const PREFETCH_LINES: usize = 8;
 /// Most window rows of a tile.
 const MAX_WINDOW: usize = MAX_WIDTH - 1 + TILE_ROWS;
+
+/// The width parameter `W` of the instance for rare widths (2 and 5..=8), which reads the width
+/// from the problem at run time. The widths models use have their own instances (3: LFM2's
+/// ShortConv; 4: Mamba-2's and Qwen3-Next's convs), whose tap and window loops unroll into
+/// registers; an instance per rare width cost more compile time and code than all the rest of the
+/// crate for calls no model makes.
+const ANY_WIDTH: usize = 0;
+
+/// The conv width of the instance for `W`: `W` itself, or the problem's for [`ANY_WIDTH`].
+#[inline(always)]
+fn width<const W: usize>(p: &Problem) -> usize {
+    match W {
+        ANY_WIDTH => p.width,
+        w => w,
+    }
+}
+
+/// Whether history rows can be read as rows of x: the state holds x's bits in x's layout (and the
+/// conv input is x itself).
+#[inline(always)]
+fn raw_history<A: SimdElement, Io: RowIo>(p: &Problem) -> bool {
+    Io::RAW_INPUT && p.state_dtype == A::DTYPE && p.state_ch == 1
+}
+
+/// Whether the state holds f32 for 16-bit activations; else it holds x's dtype (validated). The
+/// state's element type is no parameter of the block: only the code that reads or writes the
+/// state (the first tiles of a sequence, and its new state) is compiled for both.
+#[inline(always)]
+fn wide_state<A: SimdElement>(p: &Problem) -> bool {
+    A::DTYPE != DType::F32 && p.state_dtype == DType::F32
+}
 
 /// How the conv reads its input rows and stores its output rows: plain `x`/`out` here; a fused
 /// caller (e.g. LFM2's `C * conv(B * x)`) supplies another implementation to transform the input
@@ -286,13 +318,13 @@ impl<A: SimdElement> Window for DecodeRows<A> {
 /// Whether `tokens` of `s` are a decode that [`DecodeRows`] appends to its state (x's bits kept in a
 /// contiguous state of x's dtype), so [`write_state`] must not.
 #[inline(always)]
-fn appends_in_tile<A: SimdElement, St: SimdElement, Io: RowIo>(
+fn appends_in_tile<A: SimdElement, Io: RowIo>(
     p: &Problem,
     s: &Seq,
     tokens: std::ops::Range<usize>,
 ) -> bool {
     Io::RAW_INPUT
-        && A::DTYPE == St::DTYPE
+        && p.state_dtype == A::DTYPE
         && p.state_ch == 1
         && (tokens.start, tokens.end, s.len) == (0, 1, 1)
         && s.read_state
@@ -359,9 +391,10 @@ impl<St: SimdElement> Window for Sources<St> {
     }
 }
 
-/// History rows from the state (contiguous channels) or zeros, then token rows through the
-/// [`RowIo`]: the windows of decodes and of a sequence's first tiles whose state does not hold x's
-/// bits (a state of another dtype, or ShortConv's gated input).
+/// History rows from the state (contiguous channels, or gathered so) or zeros, then token rows
+/// through the [`RowIo`]: the windows of decodes and of a sequence's first tiles whose state does
+/// not hold x's bits in x's layout (a state of another dtype or of strided channels, or
+/// ShortConv's gated input).
 #[derive(Clone, Copy)]
 struct Split<St> {
     history: [*const St; MAX_WINDOW],
@@ -406,8 +439,8 @@ fn source<A, St>(p: &Problem, s: &Seq, rel: isize) -> Source<St> {
     }
 }
 
-/// One block kernel: a dtype pair, a width and an ISA, compiled as its own function. (Inlined
-/// into one function per ISA, the 35 combinations took LLVM many minutes to optimize.)
+/// One block kernel: an activation dtype, a width class and an ISA, compiled as its own function.
+/// (Inlined into one function per ISA, the 35 combinations took LLVM many minutes to optimize.)
 type BlockFn<Io> = unsafe fn(&Problem, &[Piece], usize, usize, &Io);
 
 /// Runs task `i` of a plan with `block`: token group `i / channel_blocks`, channel block
@@ -421,18 +454,13 @@ unsafe fn run_task<Io: RowIo>(p: &Problem, plan: &Plan, i: usize, io: &Io, block
     unsafe { block(p, pieces, c0, cn, io) }
 }
 
-/// `$f::<A, St, $Io, W>` for width `$w`.
+/// `$f::<A, $Io, W>` for width `$w`: its own instance for 3 and 4, else [`ANY_WIDTH`]'s.
 macro_rules! by_width {
-    ($f:ident, $A:ty, $St:ty, $Io:ty, $w:expr) => {
+    ($f:ident, $A:ty, $Io:ty, $w:expr) => {
         match $w {
-            2 => $f::<$A, $St, $Io, 2> as BlockFn<$Io>,
-            3 => $f::<$A, $St, $Io, 3>,
-            4 => $f::<$A, $St, $Io, 4>,
-            5 => $f::<$A, $St, $Io, 5>,
-            6 => $f::<$A, $St, $Io, 6>,
-            7 => $f::<$A, $St, $Io, 7>,
-            8 => $f::<$A, $St, $Io, 8>,
-            w => unreachable!("validated width {w}"),
+            3 => $f::<$A, $Io, 3> as BlockFn<$Io>,
+            4 => $f::<$A, $Io, 4>,
+            _ => $f::<$A, $Io, ANY_WIDTH>,
         }
     };
 }
@@ -440,13 +468,11 @@ macro_rules! by_width {
 /// The block kernel for problem `$p`'s dtypes and width: `$bf` for bf16 activations, else `$f`.
 macro_rules! block_for {
     ($f:ident, $bf:ident, $Io:ty, $p:expr) => {
-        match ($p.act, $p.state_dtype) {
-            (DType::F32, _) => by_width!($f, f32, f32, $Io, $p.width),
-            (DType::BF16, DType::F32) => by_width!($bf, bf16, f32, $Io, $p.width),
-            (DType::BF16, _) => by_width!($bf, bf16, bf16, $Io, $p.width),
-            (DType::F16, DType::F32) => by_width!($f, f16, f32, $Io, $p.width),
-            (DType::F16, _) => by_width!($f, f16, f16, $Io, $p.width),
-            (a, s) => unreachable!("validated dtypes {a:?}/{s:?}"),
+        match $p.act {
+            DType::F32 => by_width!($f, f32, $Io, $p.width),
+            DType::BF16 => by_width!($bf, bf16, $Io, $p.width),
+            DType::F16 => by_width!($f, f16, $Io, $p.width),
+            a => unreachable!("validated dtype {a:?}"),
         }
     };
 }
@@ -457,7 +483,7 @@ macro_rules! isa_block {
         /// # Safety
         /// The CPU supports the ISA; as for [`block`].
         #[target_feature(enable = $features)]
-        unsafe fn $name<A: SimdElement, St: SimdElement, Io: RowIo, const W: usize>(
+        unsafe fn $name<A: SimdElement, Io: RowIo, const W: usize>(
             p: &Problem,
             pieces: &[Piece],
             c0: usize,
@@ -465,7 +491,7 @@ macro_rules! isa_block {
             io: &Io,
         ) {
             const { assert!(<$S as Simd>::LANES <= MAX_LANES) };
-            unsafe { block::<$S, A, St, Io, W>(p, pieces, c0, cn, io) }
+            unsafe { block::<$S, A, Io, W>(p, pieces, c0, cn, io) }
         }
     };
 }
@@ -495,24 +521,32 @@ struct Taps {
     stride: usize,
     /// Rows in the buffer: `W + 1`, plus `W - 1` with room for kept inputs.
     rows: usize,
+    /// The conv width `W`.
+    width: usize,
     cn: usize,
     /// `cn` zero elements of any dtype: the history of a sequence without initial state.
     zeros: Vec<f32>,
+    /// Owns the rows at `gathered`.
+    _gathered: Vec<f32>,
+    /// For a state of strided channels, `W - 1` rows of `cn` elements of any dtype that a tile
+    /// gathers its history into (see [`gather_history`]); else none.
+    gathered: *mut f32,
 }
 
 impl Taps {
     /// The taps of channels `c0..c0+cn`, with room for `kept` rows of kept inputs.
-    fn new<S: Simd, const W: usize>(p: &Problem, c0: usize, cn: usize, kept: usize) -> Taps {
+    fn new<S: Simd>(p: &Problem, c0: usize, cn: usize, kept: usize) -> Taps {
         const PAGE: usize = 4096 / size_of::<f32>();
         const LINE: usize = 64 / size_of::<f32>();
-        let rows = W + 1 + kept;
+        let w = p.width;
+        let rows = w + 1 + kept;
         let phase = PAGE / rows / LINE * LINE;
         let stride = cn + (phase + PAGE - cn % PAGE) % PAGE;
         let mut buffer = vec![0f32; rows * stride + LINE - 1];
         let start = (buffer.as_ptr() as usize).wrapping_neg() % 64 / size_of::<f32>();
-        for (k, row) in buffer[start..].chunks_mut(stride).take(W + 1).enumerate() {
+        for (k, row) in buffer[start..].chunks_mut(stride).take(w + 1).enumerate() {
             let row = &mut row[..cn];
-            match (k < W, p.bias) {
+            match (k < w, p.bias) {
                 (true, _) => unsafe { p.weight.column(k, c0, row) },
                 (false, Some(bias)) => unsafe { bias.column(0, c0, row) },
                 (false, None) => {}
@@ -527,14 +561,26 @@ impl Taps {
             }
         }
         let base = buffer[start..].as_mut_ptr();
+        let gathered_len = if p.state_ch != 1 { (w - 1) * cn } else { 0 };
+        let mut gathered = vec![0f32; gathered_len];
         Taps {
             _buffer: buffer,
             base,
             stride,
             rows,
+            width: w,
             cn,
             zeros: vec![0.0; cn],
+            gathered: gathered.as_mut_ptr(),
+            _gathered: gathered,
         }
+    }
+
+    /// Row `k` of the gathered history, at block channel 0.
+    #[inline(always)]
+    fn gathered_row(&self, k: usize) -> *mut f32 {
+        assert!(k + 1 < self.width && self._gathered.len() == (self.width - 1) * self.cn);
+        self.gathered.wrapping_add(k * self.cn)
     }
 
     /// Pointer to row `k` (tap `k`; `k == W`: the bias) at block channel 0.
@@ -551,22 +597,26 @@ impl Taps {
         unsafe { self.row(k).add(j).read() }
     }
 
-    /// The kept inputs, for the gated piece starting at token `piece_start` (the rows `new` made
+    /// The kept inputs, for the gated piece of tokens `piece` (the rows `new` made
     /// room for).
     #[inline(always)]
-    fn kept<const W: usize>(&self, piece_start: usize) -> KeptCursor {
-        assert_eq!(self.rows, 2 * W, "taps made without room for kept inputs");
+    fn kept(&self, piece: std::ops::Range<usize>) -> KeptCursor {
+        assert_eq!(
+            self.rows,
+            2 * self.width,
+            "taps made without room for kept inputs"
+        );
         KeptCursor {
-            values: self.base.wrapping_add((W + 1) * self.stride),
+            values: self.base.wrapping_add((self.width + 1) * self.stride),
             stride: self.stride,
-            piece_start,
+            piece,
         }
     }
 }
 
 /// Channels `c0..c0+cn` of every piece of a token group.
 #[inline(always)]
-unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: usize>(
+unsafe fn block<S: Simd, A: SimdElement, Io: RowIo, const W: usize>(
     p: &Problem,
     pieces: &[Piece],
     c0: usize,
@@ -575,32 +625,63 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
 ) {
     // Gated pieces of more than one token keep their inputs for the next tile.
     let keeps = |pc: &Piece| !Io::RAW_INPUT && pc.t1 - pc.t0 > 1;
-    let kept_rows = if pieces.iter().any(keeps) { W - 1 } else { 0 };
-    let taps = Taps::new::<S, W>(p, c0, cn, kept_rows);
+    let kept_rows = if pieces.iter().any(keeps) {
+        p.width - 1
+    } else {
+        0
+    };
+    let taps = Taps::new::<S>(p, c0, cn, kept_rows);
     for pc in pieces {
         let s = &p.seqs[pc.seq];
         if s.pad {
             unsafe { zero_rows::<S, A>(p, s.out.cast::<A>(), pc.t0..pc.t1, c0, cn) };
             continue;
         }
-        let tokens = pc.t0..pc.t1;
-        let cursor = keeps(pc).then(|| taps.kept::<W>(pc.t0));
+        let cursor = keeps(pc).then(|| taps.kept(pc.t0..pc.t1));
         let kept = cursor.as_ref();
-        // Two-register vectors (bf16 channel pairs): half the tile keeps the window in registers
-        // (measured: tiles of 4 spill and lose ~5%).
-        let t = match S::VECTORS_IN_REGISTERS < 16 {
-            true => unsafe {
-                tiles::<S, A, St, Io, W, { TILE_ROWS / 2 }>(p, s, tokens, c0, cn, &taps, kept, io)
-            },
-            false => unsafe {
-                tiles::<S, A, St, Io, W, TILE_ROWS>(p, s, tokens, c0, cn, &taps, kept, io)
-            },
+        // Tiles whose window reaches into a history not in x's layout (see [`tile`]) take one
+        // token each: the first `W-1` of an ungated sequence, the first of a gated one (later
+        // tiles read the kept inputs). Compiled for whole tiles too, they were a seventh of the
+        // library's code, for a token or three per sequence.
+        let head = match pc.t0 == 0 && !raw_history::<A, Io>(p) {
+            true => pc.t1.min(if Io::RAW_INPUT { width::<W>(p) - 1 } else { 1 }),
+            false => pc.t0,
         };
-        unsafe { tiles::<S, A, St, Io, W, 1>(p, s, t..pc.t1, c0, cn, &taps, kept, io) };
+        let mut t = pc.t0;
+        // One call site per tile size, so each is compiled once.
+        for (end, whole_tiles) in [(head, false), (pc.t1, true)] {
+            if whole_tiles {
+                // Two-register vectors (bf16 channel pairs): half the tile keeps the window in
+                // registers (measured: tiles of 4 spill and lose ~5%).
+                t = match S::VECTORS_IN_REGISTERS < 16 {
+                    true => unsafe {
+                        tiles::<S, A, Io, W, { TILE_ROWS / 2 }>(
+                            p,
+                            s,
+                            t..end,
+                            c0,
+                            cn,
+                            &taps,
+                            kept,
+                            io,
+                        )
+                    },
+                    false => unsafe {
+                        tiles::<S, A, Io, W, TILE_ROWS>(p, s, t..end, c0, cn, &taps, kept, io)
+                    },
+                };
+            }
+            t = unsafe { tiles::<S, A, Io, W, 1>(p, s, t..end, c0, cn, &taps, kept, io) };
+        }
         if let (0, Some(state)) = (pc.t0, s.state)
-            && !appends_in_tile::<A, St, Io>(p, s, pc.t0..pc.t1)
+            && !appends_in_tile::<A, Io>(p, s, pc.t0..pc.t1)
         {
-            unsafe { write_state::<S, A, St, Io>(p, s, state.cast::<St>(), c0, cn, io) };
+            unsafe {
+                match wide_state::<A>(p) {
+                    true => write_state::<S, A, f32, Io>(p, s, state.cast(), c0, cn, io),
+                    false => write_state::<S, A, A, Io>(p, s, state.cast(), c0, cn, io),
+                }
+            }
         }
     }
 }
@@ -610,14 +691,7 @@ unsafe fn block<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W: us
 /// its own last `W-1` inputs there for the next.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tiles<
-    S: Simd,
-    A: SimdElement,
-    St: SimdElement,
-    Io: RowIo,
-    const W: usize,
-    const R: usize,
->(
+unsafe fn tiles<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R: usize>(
     p: &Problem,
     s: &Seq,
     tokens: std::ops::Range<usize>,
@@ -631,14 +705,17 @@ unsafe fn tiles<
     while t + R <= tokens.end {
         match kept {
             // A tile after the piece's first: the one before kept (or filled) its history.
-            Some(r) if t > r.piece_start => unsafe {
+            Some(r) if t > r.piece.start => unsafe {
                 kept_tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, r, io)
             },
             _ => unsafe {
-                tile::<S, A, St, Io, W, R>(p, s, t, c0, cn, taps, io);
+                tile::<S, A, Io, W, R>(p, s, t, c0, cn, taps, io);
                 // Only when another tile follows (not for a decode).
-                if let Some(r) = kept.filter(|_| t + R < tokens.end) {
-                    fill_kept::<S, A, St, Io, W>(p, s, t + R, c0, cn, r, io);
+                if let Some(r) = kept.filter(|r| t + R < r.piece.end) {
+                    match wide_state::<A>(p) {
+                        true => fill_kept::<S, A, f32, Io, W>(p, s, t + R, c0, cn, r, io),
+                        false => fill_kept::<S, A, A, Io, W>(p, s, t + R, c0, cn, r, io),
+                    }
                 }
             },
         }
@@ -662,11 +739,12 @@ unsafe fn fill_kept<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W
         rows: [Source::<St>::Zero; MAX_WINDOW],
         state_ch: p.state_ch,
     };
-    for (k, row) in history.rows.iter_mut().enumerate().take(W - 1) {
-        *row = source::<A, St>(p, s, t as isize + k as isize - (W as isize - 1));
+    let w = width::<W>(p);
+    for (k, row) in history.rows.iter_mut().enumerate().take(w - 1) {
+        *row = source::<A, St>(p, s, t as isize + k as isize - (w as isize - 1));
     }
     let vec_end = cn / S::LANES * S::LANES;
-    for k in 0..W - 1 {
+    for k in 0..w - 1 {
         unsafe {
             for v in (0..vec_end).step_by(S::LANES) {
                 let value = history.load::<S, A, Io>(k, io, c0 + v);
@@ -687,7 +765,8 @@ unsafe fn fill_kept<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo, const W
 struct KeptCursor {
     values: *mut f32,
     stride: usize,
-    piece_start: usize,
+    /// The piece's tokens.
+    piece: std::ops::Range<usize>,
 }
 
 impl KeptCursor {
@@ -744,13 +823,14 @@ unsafe fn kept_tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R:
     kept: &KeptCursor,
     io: &Io,
 ) {
+    let w = width::<W>(p);
     let window = KeptRows {
         kept: kept.values,
         stride: kept.stride,
         c0,
-        history: W - 1,
+        history: w - 1,
         inputs: std::array::from_fn(|k| {
-            let row = (t + k).wrapping_sub(W - 1);
+            let row = (t + k).wrapping_sub(w - 1);
             s.x.cast::<A>()
                 .wrapping_add(row.wrapping_mul(p.x_tok))
                 .cast()
@@ -760,10 +840,57 @@ unsafe fn kept_tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R:
 }
 
 /// Outputs of tokens `t..t+R` of sequence `s`, channels `c0..c0+cn`: through plain row pointers
-/// when every window row can be read as a row of x, else through [`Sources`].
+/// when every window row can be read as a row of x, else through [`history_tile`] for the state's
+/// element type.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<
+unsafe fn tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R: usize>(
+    p: &Problem,
+    s: &Seq,
+    t: usize,
+    c0: usize,
+    cn: usize,
+    taps: &Taps,
+    io: &Io,
+) {
+    let w = width::<W>(p);
+    unsafe {
+        if t < w - 1 && !raw_history::<A, Io>(p) {
+            assert!(
+                R == 1,
+                "a history tile of {R} tokens (the block gives them one each)"
+            );
+            return match wide_state::<A>(p) {
+                true => history_tile::<S, A, f32, Io, W, R>(p, s, t, c0, cn, taps, io),
+                false => history_tile::<S, A, A, Io, W, R>(p, s, t, c0, cn, taps, io),
+            };
+        }
+        let mut rows = Rows([std::ptr::null::<A>(); MAX_WINDOW]);
+        for (k, row) in rows.0.iter_mut().enumerate().take(w - 1 + R) {
+            *row = match source::<A, A>(p, s, t as isize + k as isize - (w as isize - 1)) {
+                Source::Input(r) => r.cast(),
+                Source::State(r) => r,
+                Source::Zero => taps.zeros.as_ptr().cast::<A>().wrapping_sub(c0),
+            };
+        }
+        if appends_in_tile::<A, Io>(p, s, t..t + R) {
+            let rows = DecodeRows {
+                rows,
+                history: w - 1,
+            };
+            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
+        } else {
+            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
+        }
+    }
+}
+
+/// A [`tile`] whose window reaches into a history not in x's layout (a state of f32 or of strided
+/// channels, or ShortConv's gated inputs), for state elements `St`: the state type is a parameter
+/// of these tiles only, so the rest of the block is compiled once per activation dtype.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn history_tile<
     S: Simd,
     A: SimdElement,
     St: SimdElement,
@@ -779,84 +906,71 @@ unsafe fn tile<
     taps: &Taps,
     io: &Io,
 ) {
-    let window = W - 1 + R;
+    let w = width::<W>(p);
+    let window = w - 1 + R;
     let mut sources = Sources {
         rows: [Source::<St>::Zero; MAX_WINDOW],
         state_ch: p.state_ch,
     };
     for (k, sk) in sources.rows.iter_mut().enumerate().take(window) {
-        *sk = source::<A, St>(p, s, t as isize + k as isize - (W as isize - 1));
-    }
-    // History rows read as x rows when they hold x's bits in x's layout.
-    let raw_history = Io::RAW_INPUT && A::DTYPE == St::DTYPE && p.state_ch == 1;
-    let mut rows = Rows([std::ptr::null::<A>(); MAX_WINDOW]);
-    let mut plain = true;
-    for (row, src) in rows.0.iter_mut().zip(&sources.rows).take(window) {
-        *row = match *src {
-            Source::Input(r) => r.cast(),
-            Source::State(r) if raw_history => r.cast(),
-            Source::Zero if raw_history => taps.zeros.as_ptr().cast::<A>().wrapping_sub(c0),
-            _ => {
-                plain = false;
-                break;
-            }
-        };
+        *sk = source::<A, St>(p, s, t as isize + k as isize - (w as isize - 1));
     }
     unsafe {
-        if plain {
-            if appends_in_tile::<A, St, Io>(p, s, t..t + R) {
-                let rows = DecodeRows {
-                    rows,
-                    history: W - 1,
-                };
-                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
-            } else {
-                tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &rows)
-            }
-        } else if let Some(split) = split::<St>(&sources, window, c0, taps) {
-            tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &split)
-        } else {
-            // Only a strided state gets here: one row at a time keeps the code small.
-            for r in 0..R {
-                let mut one = sources;
-                one.rows.copy_within(r..r + W, 0);
-                tile_rows::<S, A, Io, _, W, 1>(p, s, t + r, c0, cn, taps, None, io, &one);
-            }
+        if p.state_ch != 1 {
+            gather_history(&mut sources, c0, taps);
         }
+        let split = split::<St>(&sources, window, c0, taps);
+        tile_rows::<S, A, Io, _, W, R>(p, s, t, c0, cn, taps, None, io, &split)
     }
 }
 
-/// `sources` as a [`Split`] window, if they are history rows of contiguous channels (or zeros)
-/// followed by token rows.
+/// Copies the rows of a state with strided channels (channel `c` at `c * state_ch`) that
+/// `sources` reads into [`Taps`]' gathered rows, contiguous, and points `sources` at them: one
+/// scalar pass per row, and no window of strided loads to compile for the tiles.
+#[inline(always)]
+unsafe fn gather_history<St: SimdElement>(sources: &mut Sources<St>, c0: usize, taps: &Taps) {
+    let state_ch = sources.state_ch;
+    for (k, src) in sources.rows.iter_mut().enumerate().take(taps.width - 1) {
+        if let Source::State(row) = *src {
+            let dst = taps.gathered_row(k).cast::<St>();
+            for j in 0..taps.cn {
+                unsafe { dst.add(j).write(row.add((c0 + j) * state_ch).read()) };
+            }
+            *src = Source::State(dst.wrapping_sub(c0));
+        }
+    }
+    sources.state_ch = 1;
+}
+
+/// `sources` (history rows of contiguous channels or zeros, then token rows) as a [`Split`]
+/// window.
 #[inline(always)]
 fn split<St: SimdElement>(
     sources: &Sources<St>,
     window: usize,
     c0: usize,
     taps: &Taps,
-) -> Option<Split<St>> {
-    if sources.state_ch != 1 {
-        return None;
-    }
+) -> Split<St> {
+    assert_eq!(sources.state_ch, 1, "history rows of strided channels");
     let mut split = Split {
         history: [std::ptr::null(); MAX_WINDOW],
         inputs: [std::ptr::null(); MAX_WINDOW],
         n_history: 0,
     };
     for (k, src) in sources.rows.iter().enumerate().take(window) {
-        match *src {
-            Source::Input(row) => split.inputs[k] = row,
-            history if k == split.n_history => {
-                split.history[k] = match history {
-                    Source::State(row) => row,
-                    _ => taps.zeros.as_ptr().cast::<St>().wrapping_sub(c0),
-                };
-                split.n_history += 1;
+        let history = match *src {
+            Source::Input(row) => {
+                split.inputs[k] = row;
+                continue;
             }
-            _ => return None,
-        }
+            Source::State(row) => row,
+            Source::Zero => taps.zeros.as_ptr().cast::<St>().wrapping_sub(c0),
+        };
+        assert_eq!(k, split.n_history, "a history row after a token row");
+        split.history[k] = history;
+        split.n_history += 1;
     }
-    Some(split)
+    split
 }
 
 /// [`tile`] with its window rows.
@@ -880,7 +994,8 @@ unsafe fn tile_rows<
     io: &Io,
     win: &Win,
 ) {
-    let window = W - 1 + R;
+    let w = width::<W>(p);
+    let window = w - 1 + R;
     let keep = keep.filter(|_| !Io::RAW_INPUT);
     let x = s.x.cast::<A>();
     let out = s.out.cast::<A>();
@@ -893,7 +1008,7 @@ unsafe fn tile_rows<
     // 0.85-0.97x; with 16 KiB rows the check cost 4%).
     let next_tile = cn * size_of::<A>() <= 4096 && t + R < s.len;
     let vec_end = cn / S::LANES * S::LANES;
-    let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(W)));
+    let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(w)));
     let mut v = 0;
     while v < vec_end {
         let c = c0 + v;
@@ -918,12 +1033,12 @@ unsafe fn tile_rows<
                 *xk = win.load::<S, A, Io>(k, io, c);
             }
             if let Some(kept) = keep {
-                for k in 0..W - 1 {
+                for k in 0..w - 1 {
                     S::store_lane_order(kept.at(k, v), xv[R + k]);
                 }
             }
-            let mut acc = [S::load_lane_order(tap[W].add(v)); R];
-            for k in 0..W {
+            let mut acc = [S::load_lane_order(tap[w].add(v)); R];
+            for k in 0..w {
                 let wk = S::load_lane_order(tap[k].add(v));
                 for r in 0..R {
                     acc[r] = S::fma(wk, xv[r + k], acc[r]);
@@ -941,21 +1056,25 @@ unsafe fn tile_rows<
     }
     for j in vec_end..cn {
         let c = c0 + j;
-        let w: [f32; W] = std::array::from_fn(|k| taps.value(k, j));
-        let bias = taps.value(W, j);
+        let mut weights = [0f32; MAX_WIDTH];
+        for (k, wk) in weights.iter_mut().enumerate().take(w) {
+            *wk = taps.value(k, j);
+        }
+        let bias = taps.value(w, j);
         for r in 0..R {
-            let x: [f32; W] = std::array::from_fn(|k| unsafe { win.load1::<A, Io>(r + k, io, c) });
-            let y = scalar_output(&w, &x, bias, p.silu);
+            let mut x = [0f32; MAX_WIDTH];
+            for (k, xk) in x.iter_mut().enumerate().take(w) {
+                *xk = unsafe { win.load1::<A, Io>(r + k, io, c) };
+            }
+            let y = scalar_output(&weights[..w], &x[..w], bias, p.silu);
             unsafe { io.store1::<A>(orows[r], xrows[r], c, y) };
         }
         if let Some(kept) = keep {
-            let inputs: [f32; W] = std::array::from_fn(|k| unsafe {
-                match k < W - 1 {
-                    true => win.load1::<A, Io>(R + k, io, c),
-                    false => 0.0,
-                }
-            });
-            for (k, v) in inputs.iter().take(W - 1).enumerate() {
+            let mut inputs = [0f32; MAX_WIDTH];
+            for (k, v) in inputs.iter_mut().enumerate().take(w - 1) {
+                *v = unsafe { win.load1::<A, Io>(R + k, io, c) };
+            }
+            for (k, v) in inputs.iter().take(w - 1).enumerate() {
                 unsafe { kept.at(k, j).write(*v) };
             }
         }

@@ -1338,6 +1338,8 @@ fn gating_rejects_bad_inputs() {
     let beta = Tensor::zeros(DType::BF16, &[3, 4]);
     let wrong = Tensor::zeros(DType::BF16, &[3, 5]);
     let g_bf16 = Tensor::zeros(DType::BF16, &[3, 4]);
+    // A whole 2-D descriptor: a descriptor's shape array must hold `ndim` entries.
+    let dt_bias_2d = Tensor::zeros(DType::BF16, &[4, 1]);
     type Edit<'a> = Box<dyn Fn(&mut [ssmk_tensor; 6], &mut f32, &mut f32) + 'a>;
     let cases: Vec<(Edit, i32, &str)> = vec![
         (
@@ -1356,7 +1358,7 @@ fn gating_rejects_bad_inputs() {
             "g.dtype = bfloat16",
         ),
         (
-            Box::new(|d, _, _| d[3].ndim = 2),
+            Box::new(|d, _, _| d[3] = dt_bias_2d.desc()),
             SSMK_ERR_INVALID_ARGUMENT,
             "dt_bias.ndim",
         ),

@@ -328,6 +328,14 @@ impl View {
         Ok(())
     }
 
+    /// [`View::expect_disjoint`] for each given input (`None` = a NULL optional tensor).
+    pub fn expect_disjoint_from(&self, inputs: &[Option<&View>]) -> Result<()> {
+        for input in inputs.iter().flatten() {
+            self.expect_disjoint(input)?;
+        }
+        Ok(())
+    }
+
     /// `SSMK_ERR_ALIASING` unless distinct indices address distinct elements (required of every
     /// output). Proven by sorting the dimensions by stride: each stride must step past the whole
     /// extent of the smaller ones.

@@ -98,14 +98,6 @@ fn parse_states(states: &View, act: DType, d: usize, min_rows: usize, why: &str)
     Ok(states.shape[0])
 }
 
-/// `output` overlaps none of `inputs`.
-fn expect_disjoint_from(output: &View, inputs: &[Option<&View>]) -> Result<()> {
-    for input in inputs.iter().flatten() {
-        output.expect_disjoint(input)?;
-    }
-    Ok(())
-}
-
 /// The validated prefill arguments shared by `ssmk_causal_conv1d_fwd` and `ssmk_short_conv`.
 pub(crate) struct PrefillArgs<'a> {
     /// The conv input `[T, D]` (for ShortConv, the x columns of bcx).
@@ -180,9 +172,9 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
         indices,
         initial,
     ];
-    expect_disjoint_from(out, &inputs)?;
+    out.expect_disjoint_from(&inputs)?;
     if let Some(s) = states {
-        expect_disjoint_from(s, &inputs)?;
+        s.expect_disjoint_from(&inputs)?;
         out.expect_disjoint(s)?;
     }
     let batch = parse_batch(
@@ -428,8 +420,8 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_update(
             indices.as_ref(),
             accepted.as_ref(),
         ];
-        expect_disjoint_from(&out, &inputs)?;
-        expect_disjoint_from(&states, &inputs)?;
+        out.expect_disjoint_from(&inputs)?;
+        states.expect_disjoint_from(&inputs)?;
         out.expect_disjoint(&states)?;
         let slots = parse_slots(
             "conv_state_indices",

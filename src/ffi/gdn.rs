@@ -127,9 +127,7 @@ pub unsafe extern "C" fn ssmk_gdn_gating(
         );
         for out in [&g, &beta] {
             out.expect_no_self_overlap()?;
-            for input in [&a_log, &a, &b, &dt_bias] {
-                out.expect_disjoint(input)?;
-            }
+            out.expect_disjoint_from(&[Some(&a_log), Some(&a), Some(&b), Some(&dt_bias)])?;
         }
         g.expect_disjoint(&beta)?;
         let args = Gating {
@@ -264,15 +262,10 @@ pub unsafe extern "C" fn ssmk_kda_gating(
             InvalidArgument,
             "lower_bound = {lower_bound}, expected 0 (softplus gate) or a finite negative bound"
         );
-        let inputs: Vec<&View> = [Some(&a_log), Some(&a), dt_bias.as_ref(), b.as_ref()]
-            .into_iter()
-            .flatten()
-            .collect();
+        let inputs = [Some(&a_log), Some(&a), dt_bias.as_ref(), b.as_ref()];
         for out in [Some(&g), beta.as_ref()].into_iter().flatten() {
             out.expect_no_self_overlap()?;
-            for input in &inputs {
-                out.expect_disjoint(input)?;
-            }
+            out.expect_disjoint_from(&inputs)?;
         }
         if let Some(beta) = &beta {
             g.expect_disjoint(beta)?;
@@ -485,15 +478,13 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
             );
         }
         // Outputs: each element once, and never memory another tensor of the call uses.
+        let inputs = [Some(&q), Some(&k), Some(&v), Some(&g), Some(&beta)];
         out.expect_no_self_overlap()?;
-        for input in [&q, &k, &v, &g, &beta] {
-            out.expect_disjoint(input)?;
-        }
+        out.expect_disjoint_from(&inputs)?;
         if let Some(st) = &state {
             st.expect_no_self_overlap()?;
-            for input in [&q, &k, &v, &g, &beta, &out] {
-                st.expect_disjoint(input)?;
-            }
+            st.expect_disjoint_from(&inputs)?;
+            st.expect_disjoint(&out)?;
         }
 
         let starts = parse_starts("cu_seqlens", cu_seqlens.as_ref(), tokens)?;

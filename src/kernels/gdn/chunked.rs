@@ -625,7 +625,11 @@ pub unsafe fn inter<S: Simd>(
             prefetch_l2(next.w.cast(), m1 * kd * 4);
             prefetch_l2(next.u.cast(), m1 * vd * 4);
             prefetch_l2(next.p.cast(), m1 * C * 4);
-            prefetch_l2(layout.qk(scratch, c + 1, h).cast(), 2 * C * kd * 4);
+            // What this pass reads of q and k: pass 1's decayed rows per channel, else q and k.
+            match args.per_channel {
+                true => prefetch_l2(next.g.cast(), 2 * C * padded_k(kd) * 4),
+                false => prefetch_l2(layout.qk(scratch, c + 1, h).cast(), 2 * C * kd * 4),
+            }
         }
         // q e^G and k e^(G_last - G): stored by pass 1 with per-channel decays.
         let kp = padded_k(kd);

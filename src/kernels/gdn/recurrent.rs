@@ -322,9 +322,13 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     let (decays, beta) = (tokens.decay(0, args.per_channel, kd), tokens.beta[0]);
     // Decay of state row `r`; `kv` sums `S^T (a * k)` per channel, or `a (S^T k)` per head.
     let decay = |r: usize| decays[if args.per_channel { r } else { 0 }];
-    let kv_k: Vec<f32> = match args.per_channel {
-        true => (0..kd).map(|r| k[r] * decays[r]).collect(),
-        false => k.clone(),
+    let scaled_k: Vec<f32>;
+    let kv_k: &[f32] = match args.per_channel {
+        true => {
+            scaled_k = (0..kd).map(|r| k[r] * decays[r]).collect();
+            &scaled_k
+        }
+        false => k,
     };
     let kv_scale = if args.per_channel { 1.0 } else { decays[0] };
     let row = |slot: usize, r: usize| st.at(&[slot, hv, r, 0]).cast::<St>();

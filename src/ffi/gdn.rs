@@ -2,11 +2,11 @@
 
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
-use super::sequences::{parse_initial, parse_slots, parse_starts};
+use super::sequences::parse_sequences;
+use super::views::{FLOATS, expect_shape, strided};
 use crate::dtype::DType;
-use crate::error::Result;
 use crate::kernels::gdn::gating::{self, Gating, KdaGating};
-use crate::kernels::gdn::{self, DeltaRule, Sequence, StateWrite, Strided};
+use crate::kernels::gdn::{self, DeltaRule};
 use crate::runtime::Isa;
 use crate::tensor::{View, ssmk_tensor};
 use crate::{bail, ensure};
@@ -17,29 +17,6 @@ pub const SSMK_GDN_QK_L2NORM: u32 = 1;
 /// `flags` bit of ssmk_gated_delta_rule: v-head `hv` uses q/k head `hv % H` (the tiled order
 /// llama.cpp's GGUF converter writes) instead of `hv / (HV/H)` (Hugging Face's and vLLM's order).
 pub const SSMK_GDN_GQA_TILED: u32 = 2;
-
-const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-
-fn strided(v: &View) -> Strided {
-    let mut strides = [0usize; 4];
-    for (d, s) in strides.iter_mut().enumerate().take(v.ndim.min(4)) {
-        *s = v.strides[d];
-    }
-    Strided {
-        ptr: v.ptr,
-        dtype: v.dtype,
-        strides,
-    }
-}
-
-/// A float tensor of exactly `shape`; `what` names each dimension for the message.
-fn expect_shape(v: &View, shape: &[usize], what: &[&str], dtypes: &[DType]) -> Result<()> {
-    v.expect_ndim(shape.len())?;
-    for (d, (&n, w)) in shape.iter().zip(what).enumerate() {
-        v.expect_dim(d, n, w)?;
-    }
-    v.expect_dtype(dtypes)
-}
 
 /// Computes the gates of Gated DeltaNet for `N` tokens:
 /// `g = -exp(A_log) * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
@@ -487,72 +464,15 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
             st.expect_disjoint(&out)?;
         }
 
-        let starts = parse_starts("cu_seqlens", cu_seqlens.as_ref(), tokens)?;
-        let batch = starts.len() - 1;
-        let initial = parse_initial(has_initial_state.as_ref(), batch)?;
-        let num_slots = state.as_ref().map(|s| s.shape[0]);
-        if num_slots.is_none()
-            && let Some(b) = initial.iter().position(|&x| x)
-        {
-            bail!(
-                InvalidArgument,
-                "has_initial_state[{b}] is true but state is NULL, expected a state pool to read"
-            );
-        }
-        let lens: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-        let sequences = match &num_accepted {
-            None => {
-                if let Some(idx) = &state_indices {
-                    ensure!(
-                        idx.ndim == 1,
-                        InvalidArgument,
-                        "state_indices.ndim = {}, expected 1 ([B]) without num_accepted_tokens",
-                        idx.ndim
-                    );
-                }
-                let slots = parse_slots(
-                    "state_indices",
-                    state_indices.as_ref(),
-                    batch,
-                    pad_slot_id,
-                    num_slots,
-                )?;
-                (0..batch)
-                    .map(|b| match slots[b] {
-                        None => Sequence {
-                            start: starts[b],
-                            len: lens[b],
-                            padded: true,
-                            read: None,
-                            write: StateWrite::Nothing,
-                        },
-                        Some(slot) => Sequence {
-                            start: starts[b],
-                            len: lens[b],
-                            padded: false,
-                            read: initial[b].then_some(slot),
-                            write: if num_slots.is_some() {
-                                StateWrite::Final(slot)
-                            } else {
-                                StateWrite::Nothing
-                            },
-                        },
-                    })
-                    .collect()
-            }
-            Some(accepted) => {
-                let accepted = accepted.read_indices(batch, "number of sequences B")?;
-                let Some(idx) = &state_indices else {
-                    bail!(
-                        NullPointer,
-                        "state_indices is NULL, expected a [B, Smax] slot table with num_accepted_tokens"
-                    );
-                };
-                idx.expect_ndim(2)?;
-                idx.expect_dim(0, batch, "number of sequences B")?;
-                speculative_sequences(idx, &starts, &accepted, &initial, pad_slot_id, num_slots)?
-            }
-        };
+        let sequences = parse_sequences(
+            tokens,
+            cu_seqlens.as_ref(),
+            state_indices.as_ref(),
+            has_initial_state.as_ref(),
+            num_accepted.as_ref(),
+            pad_slot_id,
+            state.as_ref().map(|s| s.shape[0]),
+        )?;
 
         let scale = if scale <= 0.0 {
             1.0 / (k_dim as f32).sqrt()
@@ -581,123 +501,4 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
         // SAFETY: all shapes, slots and overlaps were checked above.
         unsafe { gdn::gated_delta_rule(ctx, Isa::dispatch(), gdn::Path::current(), &args) }
     })
-}
-
-/// Speculative mode: reads `[B, Smax]` and checks every slot the call will read or write.
-fn speculative_sequences(
-    idx: &View,
-    starts: &[usize],
-    accepted: &[i64],
-    initial: &[bool],
-    pad_slot_id: i64,
-    num_slots: Option<usize>,
-) -> Result<Vec<Sequence>> {
-    let batch = accepted.len();
-    let smax = idx.shape[1];
-    ensure!(
-        smax >= 1 || batch == 0,
-        InvalidArgument,
-        "state_indices.shape[1] = 0, expected Smax >= 1 slots per sequence"
-    );
-    let table = idx.read_indices_2d()?;
-    let mut sequences = Vec::with_capacity(batch);
-    // (slot, sequence, token) of every state the call writes.
-    let mut writes: Vec<(usize, usize, usize)> = Vec::new();
-    for b in 0..batch {
-        let (start, len) = (starts[b], starts[b + 1] - starts[b]);
-        let row = &table[b * smax..(b + 1) * smax];
-        let n = accepted[b];
-        ensure!(
-            (0..=smax as i64).contains(&n),
-            InvalidArgument,
-            "num_accepted_tokens[{b}] = {n}, expected 0 <= n <= Smax = state_indices.shape[1] = {smax}"
-        );
-        ensure!(
-            len <= smax,
-            InvalidArgument,
-            "sequence {b} has {len} tokens (cu_seqlens[{}] - cu_seqlens[{b}]), expected <= Smax = state_indices.shape[1] = {smax}",
-            b + 1
-        );
-        if row[0] == pad_slot_id {
-            sequences.push(Sequence {
-                start,
-                len,
-                padded: true,
-                read: None,
-                write: StateWrite::Nothing,
-            });
-            continue;
-        }
-        let Some(num_slots) = num_slots else {
-            sequences.push(Sequence {
-                start,
-                len,
-                padded: false,
-                read: None,
-                write: StateWrite::Nothing,
-            });
-            continue;
-        };
-        // The role is formatted only on failure (this runs per token of every sequence).
-        let check = |col: usize, role: &dyn Fn() -> String| -> Result<usize> {
-            let s = row[col];
-            ensure!(
-                s >= 0 && (s as u64) < num_slots as u64,
-                OutOfBounds,
-                "state_indices[{b}][{col}] = {s} ({}), expected 0 <= slot < {num_slots} (state slots)",
-                role()
-            );
-            Ok(s as usize)
-        };
-        let read = if initial[b] {
-            let col = (n - 1).max(0) as usize;
-            Some(check(col, &|| {
-                format!("read slot for num_accepted_tokens[{b}] = {n}")
-            })?)
-        } else {
-            None
-        };
-        let mut slots = Vec::with_capacity(len);
-        for t in 0..len {
-            let s = check(t, &|| format!("written after token {t}"))?;
-            writes.push((s, b, t));
-            slots.push(s);
-        }
-        sequences.push(Sequence {
-            start,
-            len,
-            padded: false,
-            read,
-            write: StateWrite::PerToken(slots),
-        });
-    }
-    writes.sort_unstable();
-    for w in writes.windows(2) {
-        if w[0].0 == w[1].0 {
-            bail!(
-                InvalidArgument,
-                "state_indices[{}][{}] = state_indices[{}][{}] = {}, expected distinct slots for the states written",
-                w[0].1,
-                w[0].2,
-                w[1].1,
-                w[1].2,
-                w[0].0
-            );
-        }
-    }
-    for (b, seq) in sequences.iter().enumerate() {
-        if let Some(r) = seq.read {
-            let first = writes.partition_point(|w| w.0 < r);
-            if let Some(&(s, other, t)) = writes.get(first)
-                && s == r
-                && other != b
-            {
-                bail!(
-                    InvalidArgument,
-                    "sequence {b} reads slot {r}, which sequence {other} writes (state_indices[{other}][{t}]), expected distinct slots"
-                );
-            }
-        }
-    }
-    Ok(sequences)
 }

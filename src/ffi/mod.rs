@@ -11,5 +11,6 @@ pub mod memory;
 pub mod sequences;
 pub mod short_conv;
 pub mod status;
+mod views;
 
 pub use context::ssmk_context;

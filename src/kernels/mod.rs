@@ -1,7 +1,75 @@
 //! The math. Each family has a plain portable `reference` and SIMD variants picked once per
 //! process from the active instruction set; nothing here knows about C descriptors.
 
+pub mod chunking;
 pub mod conv;
 pub mod gdn;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod gemm;
 pub mod memory;
 pub mod simd;
+pub mod strided;
+
+// The sequences of a recurrent-kernel call (delta rule, Mamba-2 scan), as validated by
+// `ffi::sequences`: each kernel family runs them, none re-checks them.
+
+/// Where a live sequence's states go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateWrite {
+    /// `state` is NULL: nothing is written.
+    Nothing,
+    /// The final state is written to this slot.
+    Final(usize),
+    /// Speculative mode: the state after token `t` is written to slot `slots[t]` (`None`: a pad
+    /// entry, not written).
+    PerToken(Vec<Option<usize>>),
+}
+
+/// One sequence of the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sequence {
+    /// Packed token range.
+    pub start: usize,
+    pub len: usize,
+    /// Padded: output rows are zeros and no state is read or written.
+    pub padded: bool,
+    /// Slot the initial state is read from; `None` = zero initial state.
+    pub read: Option<usize>,
+    pub write: StateWrite,
+}
+
+/// Which algorithm long sequences take; `Auto` unless [`Path::with`] forces one, which lets tests
+/// cover both on every length and lets benchmarks compare them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    Auto,
+    /// Every sequence takes the recurrence.
+    Recurrent,
+    /// Every non-speculative sequence of at least one token takes the chunked form.
+    Chunked,
+}
+
+thread_local! {
+    static FORCED_PATH: std::cell::Cell<Path> = const { std::cell::Cell::new(Path::Auto) };
+}
+
+impl Path {
+    /// Runs `f` with every recurrent-kernel call (`ssmk_gated_delta_rule`, `ssmk_mamba2_scan`) it
+    /// makes on this thread taking `self`.
+    pub fn with<R>(self, f: impl FnOnce() -> R) -> R {
+        /// Restores the previous path even if `f` unwinds.
+        struct Restore(Path);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                FORCED_PATH.set(self.0);
+            }
+        }
+        let _restore = Restore(FORCED_PATH.replace(self));
+        f()
+    }
+
+    /// The path this thread's calls take.
+    pub fn current() -> Path {
+        FORCED_PATH.get()
+    }
+}

@@ -120,6 +120,34 @@ unsafe fn exp_generic<S: Simd>(x: S::V) -> S::V {
     }
 }
 
+/// `out[i] = exp(x[i])` with the vector exp (a zero-padded vector for the tail).
+///
+/// # Safety
+/// The CPU supports `S`; `x.len() == out.len()`.
+#[inline(always)]
+pub(crate) unsafe fn exp_into<S: Simd>(x: &[f32], out: &mut [f32]) {
+    let l = S::LANES;
+    let n = x.len();
+    debug_assert!(out.len() == n && l <= 16);
+    let mut i = 0;
+    unsafe {
+        while i + l <= n {
+            S::store_f32(
+                out.as_mut_ptr().add(i),
+                S::exp(S::load_f32(x.as_ptr().add(i))),
+            );
+            i += l;
+        }
+        if i < n {
+            let mut buf = [0f32; 16];
+            buf[..n - i].copy_from_slice(&x[i..]);
+            let mut res = [0f32; 16];
+            S::store_f32(res.as_mut_ptr(), S::exp(S::load_f32(buf.as_ptr())));
+            out[i..].copy_from_slice(&res[..n - i]);
+        }
+    }
+}
+
 /// A float storage type the SIMD layer can load and store.
 pub trait SimdElement: Element {
     unsafe fn load<S: Simd>(p: *const Self) -> S::V;

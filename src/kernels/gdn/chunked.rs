@@ -21,12 +21,12 @@
 //! diagonal blocks are summed pair by pair with the running product. Pass 1 then also stores
 //! `q * e^G`, `k * e^(G_last - G)` and `e^(G_last)` per v-head for pass 2.
 
-use super::gemm::{MatA, gemm};
 use super::{
-    CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, exp_into, load_row, prefetch_l2,
-    store_row,
+    CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, load_row, prefetch_l2, store_row,
 };
-use crate::kernels::simd::Simd;
+pub use crate::kernels::chunking::Chunk;
+use crate::kernels::gemm::{MatA, gemm};
+use crate::kernels::simd::{Simd, exp_into};
 
 const C: usize = CHUNK;
 
@@ -37,13 +37,6 @@ const SUB: usize = 16;
 /// Decays below this flush to zero in running products, which would otherwise reach denormals
 /// (slow on some CPUs) for fast-decaying channels; the error is below `2^-60` absolute.
 const FLUSH: f32 = 8.673_617e-19; // 2^-60
-
-/// One chunk: `len` tokens from packed token `start`.
-#[derive(Clone, Copy, Debug)]
-pub struct Chunk {
-    pub start: usize,
-    pub len: usize,
-}
 
 /// Scratch layout of one wave of q/k heads `first_head .. first_head + heads` (and their v-heads),
 /// in f32 elements, per chunk: for each q/k head `[2][C][K]` (normalised q, k), then for each

@@ -22,15 +22,17 @@ pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod chunked;
 #[cfg(target_arch = "x86_64")]
-mod gemm;
-#[cfg(target_arch = "x86_64")]
 mod recurrent;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
 use crate::error::Result;
-use crate::kernels::simd::Simd;
+pub use crate::kernels::strided::Strided;
+pub(crate) use crate::kernels::strided::{
+    load_row, prefetch, prefetch_l2, read_f32, store_row, write_f32,
+};
+pub use crate::kernels::{Path, Sequence, StateWrite};
 use crate::runtime::{Context, Isa};
 
 /// Tokens per chunk of the WY form.
@@ -41,146 +43,6 @@ pub(crate) const RECURRENT_MAX_LEN: usize = 24;
 
 /// How many tokens ahead the strided q/k/v/out rows are prefetched.
 pub(crate) const PREFETCH_TOKENS: usize = 8;
-
-/// A strided float (or f32-only) tensor of caller memory: base address, dtype and per-dimension
-/// strides in elements. Built from a validated `View`, so every index inside the validated shape
-/// is in bounds.
-#[derive(Clone, Copy, Debug)]
-pub struct Strided {
-    pub ptr: *mut u8,
-    pub dtype: DType,
-    pub strides: [usize; 4],
-}
-
-// SAFETY: a description of caller memory; the kernels prove their tasks touch disjoint outputs.
-unsafe impl Send for Strided {}
-unsafe impl Sync for Strided {}
-
-impl Strided {
-    /// Address of element `index` (up to four dimensions).
-    #[inline(always)]
-    pub fn at(&self, index: &[usize]) -> *mut u8 {
-        let mut off = 0usize;
-        for (i, s) in index.iter().zip(&self.strides) {
-            off += i * s;
-        }
-        self.ptr.wrapping_add(off * self.dtype.size())
-    }
-}
-
-/// Reads one element as f32.
-///
-/// # Safety
-/// `p` must point to a readable, aligned element of `dtype` (a float dtype).
-#[inline(always)]
-pub unsafe fn read_f32(p: *const u8, dtype: DType) -> f32 {
-    unsafe {
-        match dtype {
-            DType::F32 => p.cast::<f32>().read(),
-            DType::BF16 => p.cast::<half::bf16>().read().to_f32(),
-            DType::F16 => Element::to_f32(p.cast::<half::f16>().read()),
-            other => unreachable!("float element of dtype {other:?}"),
-        }
-    }
-}
-
-/// Writes one element, rounded to nearest even for narrow dtypes.
-///
-/// # Safety
-/// `p` must point to a writable, aligned element of `dtype` (a float dtype).
-#[inline(always)]
-pub unsafe fn write_f32(p: *mut u8, dtype: DType, x: f32) {
-    unsafe {
-        match dtype {
-            DType::F32 => p.cast::<f32>().write(x),
-            DType::BF16 => p
-                .cast::<half::bf16>()
-                .write(<half::bf16 as Element>::from_f32(x)),
-            DType::F16 => p
-                .cast::<half::f16>()
-                .write(<half::f16 as Element>::from_f32(x)),
-            other => unreachable!("float element of dtype {other:?}"),
-        }
-    }
-}
-
-/// Loads `dst.len()` elements spaced `stride` apart as f32.
-///
-/// # Safety
-/// Every element `p + i*stride` (`i < dst.len()`) must be readable.
-#[inline(always)]
-pub unsafe fn load_row(p: *const u8, dtype: DType, stride: usize, dst: &mut [f32]) {
-    let size = dtype.size();
-    unsafe {
-        match (dtype, stride) {
-            (DType::F32, 1) => {
-                std::ptr::copy_nonoverlapping(p.cast::<f32>(), dst.as_mut_ptr(), dst.len())
-            }
-            (DType::BF16, 1) => {
-                let src = std::slice::from_raw_parts(p.cast::<u16>(), dst.len());
-                for (d, &s) in dst.iter_mut().zip(src) {
-                    *d = f32::from_bits((s as u32) << 16);
-                }
-            }
-            _ => {
-                for (i, d) in dst.iter_mut().enumerate() {
-                    *d = read_f32(p.add(i * stride * size), dtype);
-                }
-            }
-        }
-    }
-}
-
-/// Stores `src` to elements spaced `stride` apart, rounding to `dtype`.
-///
-/// # Safety
-/// Every element `p + i*stride` (`i < src.len()`) must be writable.
-#[inline(always)]
-pub unsafe fn store_row(p: *mut u8, dtype: DType, stride: usize, src: &[f32]) {
-    let size = dtype.size();
-    unsafe {
-        match (dtype, stride) {
-            (DType::F32, 1) => {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), p.cast::<f32>(), src.len())
-            }
-            (DType::BF16, 1) => {
-                let dst = std::slice::from_raw_parts_mut(p.cast::<u16>(), src.len());
-                for (d, &s) in dst.iter_mut().zip(src) {
-                    *d = crate::dtype::f32_to_bf16_bits(s);
-                }
-            }
-            _ => {
-                for (i, &s) in src.iter().enumerate() {
-                    write_f32(p.add(i * stride * size), dtype, s);
-                }
-            }
-        }
-    }
-}
-
-/// Where a live sequence's states go.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StateWrite {
-    /// `state` is NULL: nothing is written.
-    Nothing,
-    /// The final state is written to this slot.
-    Final(usize),
-    /// Speculative mode: the state after token `t` is written to slot `slots[t]`.
-    PerToken(Vec<usize>),
-}
-
-/// One sequence of the call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sequence {
-    /// Packed token range.
-    pub start: usize,
-    pub len: usize,
-    /// Padded: output rows are zeros and no state is read or written.
-    pub padded: bool,
-    /// Slot the initial state is read from; `None` = zero initial state.
-    pub read: Option<usize>,
-    pub write: StateWrite,
-}
 
 /// A validated `ssmk_gated_delta_rule` call. Shapes: q, k `[T, H, K]`, v `[T, HV, V]`, g f32
 /// `[T, HV]` or `[T, HV, K]` (`per_channel`), beta `[T, HV]`, out `[T, HV, V]`, state
@@ -321,68 +183,6 @@ impl DeltaRule {
     }
 }
 
-/// `out[i] = exp(x[i])` with the vector exp (a zero-padded vector for the tail).
-///
-/// # Safety
-/// The CPU supports `S`; `x.len() == out.len()`.
-#[inline(always)]
-pub(crate) unsafe fn exp_into<S: Simd>(x: &[f32], out: &mut [f32]) {
-    let l = S::LANES;
-    let n = x.len();
-    debug_assert!(out.len() == n && l <= 16);
-    let mut i = 0;
-    unsafe {
-        while i + l <= n {
-            S::store_f32(
-                out.as_mut_ptr().add(i),
-                S::exp(S::load_f32(x.as_ptr().add(i))),
-            );
-            i += l;
-        }
-        if i < n {
-            let mut buf = [0f32; 16];
-            buf[..n - i].copy_from_slice(&x[i..]);
-            let mut res = [0f32; 16];
-            S::store_f32(res.as_mut_ptr(), S::exp(S::load_f32(buf.as_ptr())));
-            out[i..].copy_from_slice(&res[..n - i]);
-        }
-    }
-}
-
-/// Asks for the cache lines of `[p, p + bytes)` ahead of use: token rows of q/k/v/out are a page
-/// apart, where the hardware prefetchers stop. Never faults, whatever the address.
-#[inline(always)]
-pub(crate) fn prefetch(p: *const u8, bytes: usize) {
-    prefetch_lines::<PREFETCH_L1>(p, bytes)
-}
-
-/// Like [`prefetch`], into L2 only (for data needed a while later).
-#[inline(always)]
-pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
-    prefetch_lines::<PREFETCH_L2>(p, bytes)
-}
-
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_L1: i32 = std::arch::x86_64::_MM_HINT_T0;
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_L2: i32 = std::arch::x86_64::_MM_HINT_T1;
-#[cfg(not(target_arch = "x86_64"))]
-const PREFETCH_L1: i32 = 0;
-#[cfg(not(target_arch = "x86_64"))]
-const PREFETCH_L2: i32 = 0;
-
-/// Prefetches every line of `[p, p + bytes)` with hint `HINT`.
-#[inline(always)]
-fn prefetch_lines<const HINT: i32>(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch is a hint; it never faults.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(off).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
-}
-
 /// Sum of squares in f32 with four partial sums (a fixed order, so deterministic).
 #[inline(always)]
 pub(crate) fn sum_squares(x: &[f32]) -> f32 {
@@ -399,41 +199,6 @@ pub(crate) fn sum_squares(x: &[f32]) -> f32 {
         s += t * t;
     }
     s
-}
-
-/// Which algorithm long sequences take; `Auto` unless [`Path::with`] forces one, which lets tests
-/// cover both on every length and lets benchmarks compare them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
-    Auto,
-    /// Every sequence takes the recurrence.
-    Recurrent,
-    /// Every non-speculative sequence of at least one token takes the chunked form.
-    Chunked,
-}
-
-thread_local! {
-    static FORCED_PATH: std::cell::Cell<Path> = const { std::cell::Cell::new(Path::Auto) };
-}
-
-impl Path {
-    /// Runs `f` with every `ssmk_gated_delta_rule` call it makes on this thread taking `self`.
-    pub fn with<R>(self, f: impl FnOnce() -> R) -> R {
-        /// Restores the previous path even if `f` unwinds.
-        struct Restore(Path);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                FORCED_PATH.set(self.0);
-            }
-        }
-        let _restore = Restore(FORCED_PATH.replace(self));
-        f()
-    }
-
-    /// The path this thread's calls take.
-    pub fn current() -> Path {
-        FORCED_PATH.get()
-    }
 }
 
 /// Runs the gated delta rule with the implementation for `isa` (`Isa::Scalar` = the f64

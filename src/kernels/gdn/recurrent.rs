@@ -7,8 +7,8 @@
 //! in speculative mode). Partial or strided blocks go through a zero-padded buffer, so the SIMD
 //! body never reads or writes outside the tensors.
 
-use super::{DeltaRule, Sequence, StateWrite, exp_into, load_row, store_row, write_f32};
-use crate::kernels::simd::{Simd, SimdElement};
+use super::{DeltaRule, Sequence, StateWrite, load_row, store_row, write_f32};
+use crate::kernels::simd::{Simd, SimdElement, exp_into};
 
 /// Per-token inputs of one (sequence, v-head), converted to f32 once.
 struct Tokens {
@@ -282,8 +282,10 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
                     &o[..width],
                 );
             }
-            if let StateWrite::PerToken(slots) = &seq.write {
-                unsafe { store_state::<S, St>(args, slots[i], hv, &blocks[..], b, b + 1) };
+            if let StateWrite::PerToken(slots) = &seq.write
+                && let Some(slot) = slots[i]
+            {
+                unsafe { store_state::<S, St>(args, slot, hv, &blocks[..], b, b + 1) };
             }
         }
     }
@@ -312,7 +314,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     }
     let write = match &seq.write {
         StateWrite::Final(slot) => Some(*slot),
-        StateWrite::PerToken(slots) => Some(slots[0]),
+        StateWrite::PerToken(slots) => slots[0],
         StateWrite::Nothing => None,
     };
     let (kd, vd, l) = (args.k_dim, args.v_dim, S::LANES);

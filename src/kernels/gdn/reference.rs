@@ -137,8 +137,10 @@ unsafe fn sequence_head(args: &DeltaRule, b: usize, hv: usize) {
                 )
             };
         }
-        if let StateWrite::PerToken(slots) = &seq.write {
-            unsafe { store_state(args, slots[i], hv, &s) };
+        if let StateWrite::PerToken(slots) = &seq.write
+            && let Some(slot) = slots[i]
+        {
+            unsafe { store_state(args, slot, hv, &s) };
         }
     }
     if let StateWrite::Final(slot) = seq.write {

@@ -4,11 +4,12 @@
 
 use super::chunked::{self, Chunk, Layout};
 use super::gating::{self, KdaGating};
-use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, StateWrite, recurrent};
+use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
 use crate::dtype::DType;
 use crate::error::{Error, Result, Status};
+use crate::kernels::chunking::{Plan, with_scratch};
 use crate::kernels::simd::{Avx2, Avx512};
-use crate::runtime::{Context, Isa, SharedPtr};
+use crate::runtime::{Context, Isa};
 
 type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
 type IntraFn = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize);
@@ -80,27 +81,6 @@ entry_points!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 );
 
-/// Whether `seq` takes the chunked form.
-fn chunked_path(path: Path, seq: &Sequence) -> bool {
-    if seq.padded || seq.len == 0 || matches!(seq.write, StateWrite::PerToken(_)) {
-        return false;
-    }
-    match path {
-        Path::Auto => seq.len >= RECURRENT_MAX_LEN,
-        Path::Recurrent => false,
-        Path::Chunked => true,
-    }
-}
-
-/// Chunk scratch up to this size (64 MiB) stays with the calling thread for the next call.
-const KEEP_SCRATCH_FLOATS: usize = 16 << 20;
-
-thread_local! {
-    /// Chunk scratch of the calling thread, kept between calls so a steady stream of prefills
-    /// does not fault fresh pages in every time.
-    static SCRATCH: std::cell::RefCell<Vec<std::mem::MaybeUninit<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// One v-head of a recurrent or padded sequence (`task` over `simple.len() * HV`).
 unsafe fn run_simple_task(kernels: &Kernels, args: &DeltaRule, simple: &[usize], task: usize) {
     let seq = &args.sequences[simple[task / args.v_heads]];
@@ -144,28 +124,11 @@ pub unsafe fn gated_delta_rule(
 ) -> Result<()> {
     let kernels = kernels(isa);
     let (heads, v_heads) = (args.heads, args.v_heads);
-    let mut chunks: Vec<Chunk> = Vec::new();
-    // (sequence, first chunk, chunk count) of every chunked sequence.
-    let mut chunked_seqs: Vec<(usize, usize, usize)> = Vec::new();
-    // Sequences for the recurrence or zero rows (padded), one task per v-head each.
-    let mut simple: Vec<usize> = Vec::new();
-    for (b, seq) in args.sequences.iter().enumerate() {
-        if chunked_path(path, seq) {
-            let first = chunks.len();
-            let mut off = 0;
-            while off < seq.len {
-                let len = CHUNK.min(seq.len - off);
-                chunks.push(Chunk {
-                    start: seq.start + off,
-                    len,
-                });
-                off += len;
-            }
-            chunked_seqs.push((b, first, chunks.len() - first));
-        } else {
-            simple.push(b);
-        }
-    }
+    let Plan {
+        chunks,
+        chunked: chunked_seqs,
+        simple,
+    } = Plan::new(&args.sequences, path, CHUNK, RECURRENT_MAX_LEN);
     if chunks.is_empty() {
         run_simple(ctx, kernels, args, &simple);
         return Ok(());
@@ -195,25 +158,7 @@ pub unsafe fn gated_delta_rule(
                 "gated_delta_rule: chunk scratch size overflows",
             )
         })?;
-    SCRATCH.with(|cell| -> Result<()> {
-        let mut scratch = cell.borrow_mut();
-        if scratch.len() < floats {
-            scratch.clear();
-            scratch.shrink_to_fit();
-            scratch.try_reserve_exact(floats).map_err(|_| {
-                Error::new(
-                    Status::Allocation,
-                    format!(
-                        "gated_delta_rule: cannot allocate {} bytes of chunk scratch",
-                        floats * 4
-                    ),
-                )
-            })?;
-            // Every scratch element a task reads was written by pass 1 first; MaybeUninit needs
-            // no initialisation.
-            scratch.resize(floats, std::mem::MaybeUninit::uninit());
-        }
-        let base = SharedPtr(scratch.as_mut_ptr().cast::<f32>());
+    with_scratch(floats, "gated_delta_rule", |base| {
         let mut first_head = 0;
         while first_head < heads {
             let layout = layout_of(first_head);
@@ -257,11 +202,5 @@ pub unsafe fn gated_delta_rule(
             });
             first_head += wave_heads;
         }
-        if floats > KEEP_SCRATCH_FLOATS {
-            // An unusually long prefill: do not keep its scratch alive between calls.
-            *scratch = Vec::new();
-        }
-        Ok(())
-    })?;
-    Ok(())
+    })
 }

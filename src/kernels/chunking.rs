@@ -1,0 +1,102 @@
+//! What the chunked prefill forms share (delta rule, Mamba-2 scan): which sequences of a call take
+//! the chunked form, their chunks, and the chunk scratch kept per calling thread.
+
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+
+use super::{Path, Sequence, StateWrite};
+use crate::error::{Error, Result, Status};
+use crate::runtime::SharedPtr;
+
+/// One chunk: `len` tokens from packed token `start`.
+#[derive(Clone, Copy, Debug)]
+pub struct Chunk {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// A call's sequences split by form.
+pub struct Plan {
+    /// The chunks of every chunked sequence, in order.
+    pub chunks: Vec<Chunk>,
+    /// `(sequence, first chunk, chunk count)` of every chunked sequence.
+    pub chunked: Vec<(usize, usize, usize)>,
+    /// Sequences for the recurrence (or zero rows, when padded).
+    pub simple: Vec<usize>,
+}
+
+impl Plan {
+    /// Sequences of at least `min_len` tokens (any length >= 1 with [`Path::Chunked`], none with
+    /// [`Path::Recurrent`]) take chunks of `chunk` tokens; padded, empty and speculative ones
+    /// never do (speculative mode stores every token's state).
+    pub fn new(sequences: &[Sequence], path: Path, chunk: usize, min_len: usize) -> Plan {
+        let mut plan = Plan {
+            chunks: Vec::new(),
+            chunked: Vec::new(),
+            simple: Vec::new(),
+        };
+        for (b, seq) in sequences.iter().enumerate() {
+            let eligible =
+                !seq.padded && seq.len > 0 && !matches!(seq.write, StateWrite::PerToken(_));
+            let chunked = eligible
+                && match path {
+                    Path::Auto => seq.len >= min_len,
+                    Path::Recurrent => false,
+                    Path::Chunked => true,
+                };
+            if !chunked {
+                plan.simple.push(b);
+                continue;
+            }
+            let first = plan.chunks.len();
+            let mut off = 0;
+            while off < seq.len {
+                let len = chunk.min(seq.len - off);
+                plan.chunks.push(Chunk {
+                    start: seq.start + off,
+                    len,
+                });
+                off += len;
+            }
+            plan.chunked.push((b, first, plan.chunks.len() - first));
+        }
+        plan
+    }
+}
+
+/// Chunk scratch up to this size (64 MiB) stays with the calling thread for the next call.
+const KEEP_SCRATCH_FLOATS: usize = 16 << 20;
+
+thread_local! {
+    /// Chunk scratch of the calling thread, kept between calls so a steady stream of prefills
+    /// does not fault fresh pages in every time.
+    static SCRATCH: RefCell<Vec<MaybeUninit<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `body` with `floats` uninitialised f32 of scratch (the caller writes every element before
+/// reading it); `kernel` names the call in the allocation error.
+pub fn with_scratch(floats: usize, kernel: &str, body: impl FnOnce(SharedPtr<f32>)) -> Result<()> {
+    SCRATCH.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        if scratch.len() < floats {
+            scratch.clear();
+            scratch.shrink_to_fit();
+            scratch.try_reserve_exact(floats).map_err(|_| {
+                Error::new(
+                    Status::Allocation,
+                    format!(
+                        "{kernel}: cannot allocate {} bytes of chunk scratch",
+                        floats as u128 * 4
+                    ),
+                )
+            })?;
+            scratch.resize(floats, MaybeUninit::uninit());
+        }
+        body(SharedPtr(scratch.as_mut_ptr().cast::<f32>()));
+        if floats > KEEP_SCRATCH_FLOATS {
+            // An unusually long prefill: do not keep its scratch alive between calls.
+            *scratch = Vec::new();
+        }
+        Ok(())
+    })
+}

@@ -49,6 +49,12 @@
 #define SSMK_GDN_GQA_TILED 2
 
 /**
+ * `flags` bit of ssmk_mamba2_scan: the step is `softplus(dt + dt_bias)` rather than
+ * `dt + dt_bias` (before the `[dt_min, dt_max]` clamp).
+ */
+#define SSMK_MAMBA2_DT_SOFTPLUS 1
+
+/**
  * Success.
  */
 #define SSMK_OK 0
@@ -489,6 +495,87 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
                               float l2norm_eps,
                               int64_t pad_slot_id,
                               ssmk_tensor *out);
+
+/**
+ * Runs Mamba-2's selective-state scan over a batch of sequences that may mix prefills (chunked SSD
+ * form), decodes and speculative decodes, continuing each from its slot of a state pool
+ * (ABI.md §4.9). Per token and head `h` (group `h / (NH/G)`):
+ * `d = dt + dt_bias` (bias 0 when NULL), `d = softplus(d)` with SSMK_MAMBA2_DT_SOFTPLUS
+ * (`x` above 20, else `log(1 + e^x)`), `d = min(max(d, dt_min), dt_max)`;
+ * `h_t = exp(d A[h]) h_{t-1} + d x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, and with `z`
+ * `y_t *= silu(z_t)`.
+ *
+ * Sequences, slots, pads, `has_initial_state`, zero-length sequences and speculative mode follow
+ * ssmk_gated_delta_rule word for word: padded sequences get zero output rows and touch no state;
+ * a sequence starts from a zero state unless `has_initial_state` says otherwise; the final state
+ * is written back to the sequence's slot; with `num_accepted_tokens`, `state_indices` is
+ * `[B, Smax]`, the state is read from `idx[b][max(n-1, 0)]` and the state after token `t` is
+ * written to `idx[b][t]` (not written when that entry is `pad_slot_id`).
+ *
+ * Arithmetic in f32; the state stays f32 during the call (a narrow state is rounded once per
+ * sequence, once per token in speculative mode); outputs are rounded to nearest even. Long
+ * prefills take the chunked form, which agrees with the recurrence within f32 rounding, so a
+ * prefill split over two calls agrees with one call within tolerance, not bit for bit. Results do
+ * not depend on the thread count or on the other sequences of the call. Thread-safe; nothing is
+ * written unless every argument is valid.
+ *
+ * @param ctx                 context, or NULL for the process default.
+ * @param x                   `[T, NH, P]` f32/bf16/f16.
+ * @param dt                  `[T, NH]` f32/bf16/f16.
+ * @param A                   `[NH]` f32.
+ * @param B                   `[T, G, N]` f32/bf16/f16, `NH % G == 0`.
+ * @param C                   `[T, G, N]` f32/bf16/f16.
+ * @param D                   `[NH]` f32, or NULL (no skip term).
+ * @param z                   `[T, NH, P]` f32/bf16/f16, or NULL (no gate).
+ * @param dt_bias             `[NH]` f32, or NULL (0).
+ * @param dt_min              lower limit of the step, not NaN (-INFINITY: none).
+ * @param dt_max              upper limit of the step, not NaN, `>= dt_min` (INFINITY: none).
+ * @param flags               SSMK_MAMBA2_DT_SOFTPLUS or 0 (any other bit is an error).
+ * @param state               `[S, NH, P, N]` f32/bf16/f16 (`[p][n]` order), read and written in
+ *                            place, or NULL. Must not overlap any other tensor or itself.
+ * @param cu_seqlens          `[B+1]` int32/int64 token offsets, non-decreasing, within `[0, T]`; or NULL.
+ * @param state_indices       `[B]` int32/int64 slots (or `[B, Smax]` in speculative mode); or NULL.
+ * @param has_initial_state   `[B]` bool/uint8/int32/int64; or NULL (all false).
+ * @param num_accepted_tokens `[B]` int32/int64, or NULL (not speculative).
+ * @param pad_slot_id         slot value marking padded sequences (vLLM: -1).
+ * @param out                 `[T, NH, P]` of x's dtype, written; must not overlap any input,
+ *                            `state` or itself.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or limit; `NH % G != 0`;
+ *                                     duplicate slots; `num_accepted_tokens` or a sequence length
+ *                                     outside its range; `has_initial_state` true with no state.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above, or `out` not of x's dtype.
+ * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
+ *                                     offset outside `[0, T]`.
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+ * @retval SSMK_ERR_ALLOCATION         scratch memory could not be allocated (nothing written).
+ *
+ * # Safety
+ * Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_mamba2_scan(const ssmk_context *ctx,
+                         const ssmk_tensor *x,
+                         const ssmk_tensor *dt,
+                         const ssmk_tensor *A,
+                         const ssmk_tensor *B,
+                         const ssmk_tensor *C,
+                         const ssmk_tensor *D,
+                         const ssmk_tensor *z,
+                         const ssmk_tensor *dt_bias,
+                         float dt_min,
+                         float dt_max,
+                         uint32_t flags,
+                         ssmk_tensor *state,
+                         const ssmk_tensor *cu_seqlens,
+                         const ssmk_tensor *state_indices,
+                         const ssmk_tensor *has_initial_state,
+                         const ssmk_tensor *num_accepted_tokens,
+                         int64_t pad_slot_id,
+                         ssmk_tensor *out);
 
 /**
  * Copies `n` byte ranges: the same result as `for i in 0..n: memmove(dst[i], src[i], sizes[i])`

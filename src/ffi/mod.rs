@@ -7,6 +7,7 @@ pub(crate) mod guard;
 pub mod context;
 pub mod conv;
 pub mod gdn;
+pub mod mamba2;
 pub mod memory;
 pub mod sequences;
 pub mod short_conv;

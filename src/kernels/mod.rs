@@ -6,6 +6,7 @@ pub mod conv;
 pub mod gdn;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemm;
+pub mod mamba2;
 pub mod memory;
 pub mod simd;
 pub mod strided;

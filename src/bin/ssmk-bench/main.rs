@@ -9,6 +9,7 @@ mod buffers;
 mod conv;
 mod gdn;
 mod harness;
+mod mamba2;
 mod memory;
 mod short_conv;
 
@@ -19,7 +20,7 @@ type Suite = fn(&Config, &mut Report);
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn]"
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2]"
     );
     std::process::exit(2)
 }
@@ -68,11 +69,12 @@ fn main() {
         format!("{:.1}", report.fma_peak_gflops),
     );
     harness::print_header();
-    let suites: [(&str, Suite); 4] = [
+    let suites: [(&str, Suite); 5] = [
         ("memory", memory::run),
         ("conv", conv::run),
         ("short_conv", short_conv::run),
         ("gdn", gdn::run),
+        ("mamba2", mamba2::run),
     ];
     for (name, run) in suites {
         if only.as_deref().is_none_or(|o| o == name) {

@@ -1,0 +1,244 @@
+//! The per-token recurrence in f32 SIMD, for decodes, speculative sequences and short prefills.
+//!
+//! Row `p` of a head's `P x N` state evolves on its own (`h[p] = a h[p] + d x[p] B`,
+//! `y[p] = h[p] . C`), so one task per (sequence, head) takes the rows in memory order, runs every
+//! token over each while it sits in L1 and stores it once: the state is streamed from memory once
+//! per call (once per token written in speculative mode). Rows are zero-padded to whole vectors
+//! in a local buffer, so the SIMD body never reads or writes outside the tensors.
+
+use super::Scan;
+use crate::kernels::simd::{Simd, SimdElement};
+use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
+use crate::kernels::{Sequence, StateWrite};
+
+/// State rows ahead that are prefetched (the hardware prefetchers stop at page boundaries).
+const PREFETCH_ROWS: usize = 4;
+
+/// `y = (y + D x) * silu(z)` (no gate when `z` is `None`) over one output row.
+///
+/// # Safety
+/// The CPU supports `S`; `x` and `z` are at least as long as `y`.
+#[inline(always)]
+pub(super) unsafe fn finish_row<S: Simd>(y: &mut [f32], x: &[f32], z: Option<&[f32]>, d: f32) {
+    let l = S::LANES;
+    let (n, dv, one) = unsafe { (y.len(), S::splat(d), S::splat(1.0)) };
+    let vector = |y: S::V, x: S::V, z: Option<S::V>| unsafe {
+        let y = S::fma(dv, x, y);
+        match z {
+            // y z / (1 + e^-z): the clamped exp keeps the denominator finite.
+            Some(z) => S::div(S::mul(y, z), S::add(one, S::exp(S::sub(S::zero(), z)))),
+            None => y,
+        }
+    };
+    let mut i = 0;
+    unsafe {
+        while i + l <= n {
+            let zv = z.map(|z| S::load_f32(z.as_ptr().add(i)));
+            let r = vector(
+                S::load_f32(y.as_ptr().add(i)),
+                S::load_f32(x.as_ptr().add(i)),
+                zv,
+            );
+            S::store_f32(y.as_mut_ptr().add(i), r);
+            i += l;
+        }
+        if i < n {
+            let (mut yb, mut xb, mut zb) = ([0f32; 16], [0f32; 16], [0f32; 16]);
+            yb[..n - i].copy_from_slice(&y[i..]);
+            xb[..n - i].copy_from_slice(&x[i..n]);
+            if let Some(z) = z {
+                zb[..n - i].copy_from_slice(&z[i..n]);
+            }
+            let zv = z.map(|_| S::load_f32(zb.as_ptr()));
+            let r = vector(S::load_f32(yb.as_ptr()), S::load_f32(xb.as_ptr()), zv);
+            S::store_f32(yb.as_mut_ptr(), r);
+            y[i..].copy_from_slice(&yb[..n - i]);
+        }
+    }
+}
+
+/// Loads row `p` of head `h` of `slot` into `row` (`N` values, zero-padded to `row.len()`).
+///
+/// # Safety
+/// `slot < S`, `h < NH`, `p < P`; the CPU supports `S`; `row.len()` is a multiple of the lanes.
+#[inline(always)]
+pub(super) unsafe fn load_state_row<S: Simd, St: SimdElement>(
+    args: &Scan,
+    slot: usize,
+    h: usize,
+    p: usize,
+    row: &mut [f32],
+) {
+    let st = args
+        .state
+        .as_ref()
+        .expect("a state slot without a state tensor");
+    let nd = args.state_dim;
+    let src = st.at(&[slot, h, p, 0]);
+    unsafe {
+        if st.strides[3] == 1 && st.dtype == St::DTYPE {
+            let full = nd / S::LANES * S::LANES;
+            let src = src.cast::<St>();
+            for n in (0..full).step_by(S::LANES) {
+                S::store_f32(row.as_mut_ptr().add(n), St::load::<S>(src.add(n)));
+            }
+            for n in full..nd {
+                row[n] = (*src.add(n)).to_f32();
+            }
+        } else {
+            load_row(src, st.dtype, st.strides[3], &mut row[..nd]);
+        }
+    }
+    row[nd..].iter_mut().for_each(|x| *x = 0.0);
+}
+
+/// Stores the first `N` values of `row` to row `p` of head `h` of `slot`, rounded to its dtype.
+///
+/// # Safety
+/// As for [`load_state_row`].
+#[inline(always)]
+pub(super) unsafe fn store_state_row<S: Simd, St: SimdElement>(
+    args: &Scan,
+    slot: usize,
+    h: usize,
+    p: usize,
+    row: &[f32],
+) {
+    let st = args
+        .state
+        .as_ref()
+        .expect("a state slot without a state tensor");
+    let nd = args.state_dim;
+    let dst = st.at(&[slot, h, p, 0]);
+    unsafe {
+        if st.strides[3] == 1 && st.dtype == St::DTYPE {
+            let full = nd / S::LANES * S::LANES;
+            let dst = dst.cast::<St>();
+            for n in (0..full).step_by(S::LANES) {
+                St::store::<S>(dst.add(n), S::load_f32(row.as_ptr().add(n)));
+            }
+            for n in full..nd {
+                *dst.add(n) = St::from_f32(row[n]);
+            }
+        } else {
+            store_row(dst, st.dtype, st.strides[3], &row[..nd]);
+        }
+    }
+}
+
+/// Runs one (sequence, head) through the recurrence.
+///
+/// # Safety
+/// As for [`super::mamba2_scan`]; the CPU supports `S`.
+#[inline(always)]
+pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequence, h: usize) {
+    let (pd, nd, len, l) = (args.head_dim, args.state_dim, seq.len, S::LANES);
+    let np = nd.next_multiple_of(l);
+    let g = args.group(h);
+    // Per token: the step, the decay, B and C (zero-padded to `np`), x and z.
+    let mut step = vec![0f32; len];
+    let mut decay = vec![0f32; len];
+    let mut bc = vec![0f32; 2 * len * np];
+    let mut x = vec![0f32; len * pd];
+    let mut z = vec![0f32; if args.z.is_some() { len * pd } else { 0 }];
+    for i in 0..len {
+        let t = seq.start + i;
+        unsafe {
+            step[i] = args.step(t, h);
+            decay[i] = (step[i] * args.a[h]).exp();
+            let (b_row, c_row) = bc[2 * i * np..2 * (i + 1) * np].split_at_mut(np);
+            load_row(
+                args.b.at(&[t, g]),
+                args.b.dtype,
+                args.b.strides[2],
+                &mut b_row[..nd],
+            );
+            load_row(
+                args.c.at(&[t, g]),
+                args.c.dtype,
+                args.c.strides[2],
+                &mut c_row[..nd],
+            );
+            let x_row = &mut x[i * pd..(i + 1) * pd];
+            load_row(args.x.at(&[t, h]), args.x.dtype, args.x.strides[2], x_row);
+            if let Some(zt) = &args.z {
+                load_row(
+                    zt.at(&[t, h]),
+                    zt.dtype,
+                    zt.strides[2],
+                    &mut z[i * pd..(i + 1) * pd],
+                );
+            }
+        }
+    }
+    let mut y = vec![0f32; len * pd];
+    let mut row = vec![0f32; np];
+    let st = args.state.as_ref();
+    for p in 0..pd {
+        if let (Some(st), Some(slot)) = (st, seq.read) {
+            if st.strides[3] == 1 && p + PREFETCH_ROWS < pd {
+                prefetch(
+                    st.at(&[slot, h, p + PREFETCH_ROWS, 0]),
+                    nd * st.dtype.size(),
+                );
+            }
+            unsafe { load_state_row::<S, St>(args, slot, h, p, &mut row) };
+        } else {
+            row.iter_mut().for_each(|x| *x = 0.0);
+        }
+        for i in 0..len {
+            unsafe {
+                let a = S::splat(decay[i]);
+                let s = S::splat(step[i] * x[i * pd + p]);
+                let (b_row, c_row) = (
+                    bc.as_ptr().add(2 * i * np),
+                    bc.as_ptr().add((2 * i + 1) * np),
+                );
+                // Two sums hide the FMA latency; a fixed order keeps results deterministic.
+                let mut acc = [S::zero(); 2];
+                for (k, n) in (0..np).step_by(l).enumerate() {
+                    let r = row.as_mut_ptr().add(n);
+                    let hv = S::fma(S::load_f32(r), a, S::mul(s, S::load_f32(b_row.add(n))));
+                    S::store_f32(r, hv);
+                    acc[k & 1] = S::fma(hv, S::load_f32(c_row.add(n)), acc[k & 1]);
+                }
+                y[i * pd + p] = S::reduce_sum(S::add(acc[0], acc[1]));
+                if let StateWrite::PerToken(slots) = &seq.write
+                    && let Some(slot) = slots[i]
+                {
+                    store_state_row::<S, St>(args, slot, h, p, &row);
+                }
+            }
+        }
+        if let StateWrite::Final(slot) = seq.write {
+            unsafe { store_state_row::<S, St>(args, slot, h, p, &row) };
+        }
+    }
+    let out = &args.out;
+    for i in 0..len {
+        let rows = i * pd..(i + 1) * pd;
+        let zi = args.z.as_ref().map(|_| &z[rows.clone()]);
+        unsafe {
+            finish_row::<S>(&mut y[rows.clone()], &x[rows.clone()], zi, args.d[h]);
+            store_row(
+                out.at(&[seq.start + i, h]),
+                out.dtype,
+                out.strides[2],
+                &y[rows],
+            );
+        }
+    }
+}
+
+/// Zero output rows of a padded sequence for one head.
+///
+/// # Safety
+/// As for [`super::mamba2_scan`].
+pub unsafe fn zero_rows(args: &Scan, seq: &Sequence, h: usize) {
+    let out = &args.out;
+    for t in seq.start..seq.start + seq.len {
+        for p in 0..args.head_dim {
+            unsafe { write_f32(out.at(&[t, h, p]), out.dtype, 0.0) };
+        }
+    }
+}

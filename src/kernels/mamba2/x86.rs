@@ -1,0 +1,166 @@
+//! The SIMD driver: splits a call into recurrent, chunked and padded work and runs it on the
+//! context's threads with the entry points of one instruction set. The kernel bodies are generic
+//! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
+
+use super::chunked::{self, Layout};
+use super::{CHUNK, RECURRENT_MAX_LEN, Scan, recurrent};
+use crate::error::{Error, Result, Status};
+use crate::kernels::chunking::{Chunk, Plan, with_scratch};
+use crate::kernels::simd::{Avx2, Avx512, Simd};
+use crate::kernels::{Path, Sequence};
+use crate::runtime::{Context, Isa};
+
+type RecurrentFn = unsafe fn(&Scan, &Sequence, usize);
+type IntraFn = unsafe fn(&Scan, &Layout, *mut f32, usize, Chunk, usize);
+type InterFn = unsafe fn(&Scan, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize);
+
+/// The entry points of one instruction set.
+struct Kernels {
+    recurrent: RecurrentFn,
+    intra: IntraFn,
+    inter: InterFn,
+}
+
+macro_rules! entry_points {
+    ($module:ident, $simd:ty, $features:literal) => {
+        mod $module {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            unsafe fn recurrent(args: &Scan, seq: &Sequence, h: usize) {
+                crate::with_float_type!(args.state_dtype(), St => unsafe {
+                    recurrent::sequence_head::<$simd, St>(args, seq, h)
+                })
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn intra(args: &Scan, layout: &Layout, scratch: *mut f32, c: usize, chunk: Chunk, g: usize) {
+                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, g) }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn inter(
+                args: &Scan,
+                layout: &Layout,
+                scratch: *mut f32,
+                seq: &Sequence,
+                first: usize,
+                chunks: &[Chunk],
+                h: usize,
+            ) {
+                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, h) }
+            }
+
+            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter };
+        }
+    };
+}
+
+entry_points!(avx2, Avx2, "avx2,fma,f16c");
+entry_points!(
+    avx512,
+    Avx512,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+);
+
+// The recurrence keeps at most 16 lanes per vector in its tail buffers.
+const _: () = assert!(Avx2::LANES <= 16 && Avx512::LANES <= 16);
+
+/// One head of a recurrent or padded sequence (`task` over `simple.len() * NH`).
+unsafe fn run_simple_task(kernels: &Kernels, args: &Scan, simple: &[usize], task: usize) {
+    let seq = &args.sequences[simple[task / args.heads]];
+    unsafe {
+        if seq.padded {
+            recurrent::zero_rows(args, seq, task % args.heads);
+        } else {
+            (kernels.recurrent)(args, seq, task % args.heads);
+        }
+    }
+}
+
+/// # Safety
+/// As for [`super::mamba2_scan`]; the CPU supports `isa` (>= AVX2).
+pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> Result<()> {
+    let kernels = if isa >= Isa::Avx512 {
+        &avx512::KERNELS
+    } else {
+        &avx2::KERNELS
+    };
+    let Plan {
+        chunks,
+        chunked: chunked_seqs,
+        simple,
+    } = Plan::new(&args.sequences, path, CHUNK, RECURRENT_MAX_LEN);
+    let heads = args.heads;
+    if chunks.is_empty() {
+        ctx.for_each(simple.len() * heads, |task| {
+            // SAFETY: each task owns its sequence's output rows and slots for one head.
+            unsafe { run_simple_task(kernels, args, &simple, task) }
+        });
+        return Ok(());
+    }
+    // All groups' scratch at once would be ~80 KiB per token and group with N = 128: process the
+    // groups in waves just wide enough to keep every thread busy in pass 2, reusing one buffer.
+    let (groups, group_heads) = (args.groups, heads / args.groups);
+    let wave = (4 * ctx.threads())
+        .div_ceil(chunked_seqs.len() * group_heads)
+        .clamp(1, groups);
+    let layout_of = |first_group: usize| Layout {
+        first_group,
+        groups: wave.min(groups - first_group),
+        state_dim: args.state_dim,
+    };
+    let floats = chunks
+        .len()
+        .checked_mul(layout_of(0).chunk_size())
+        .ok_or_else(|| {
+            Error::new(
+                Status::Overflow,
+                "mamba2_scan: chunk scratch size overflows",
+            )
+        })?;
+    with_scratch(floats, "mamba2_scan", |base| {
+        let mut first_group = 0;
+        while first_group < groups {
+            let layout = layout_of(first_group);
+            let wave_groups = layout.groups;
+            // Pass 1 of this wave; the recurrent and padded sequences ride along with the first.
+            let intra_tasks = chunks.len() * wave_groups;
+            let extra = if first_group == 0 {
+                simple.len() * heads
+            } else {
+                0
+            };
+            ctx.for_each(intra_tasks + extra, |task| {
+                // SAFETY: each task writes only its own chunk/group scratch, or its own sequence's
+                // output rows and slots for one head; the caller validated the memory.
+                unsafe {
+                    if task < intra_tasks {
+                        let (c, g) = (task / wave_groups, first_group + task % wave_groups);
+                        (kernels.intra)(args, &layout, base.get(), c, chunks[c], g);
+                    } else {
+                        run_simple_task(kernels, args, &simple, task - intra_tasks);
+                    }
+                }
+            });
+            let wave_heads = wave_groups * group_heads;
+            ctx.for_each(chunked_seqs.len() * wave_heads, |task| {
+                let (b, first, count) = chunked_seqs[task / wave_heads];
+                let h = first_group * group_heads + task % wave_heads;
+                // SAFETY: pass 1 is complete; this task owns the head's rows and slot.
+                unsafe {
+                    (kernels.inter)(
+                        args,
+                        &layout,
+                        base.get(),
+                        &args.sequences[b],
+                        first,
+                        &chunks[first..first + count],
+                        h,
+                    )
+                };
+            });
+            first_group += wave_groups;
+        }
+    })
+}

@@ -1,0 +1,2008 @@
+//! Mamba-2 selective-state scan: `ssmk_mamba2_scan` (ABI.md §4.9) against an independent f64
+//! per-token reference written here, on the recurrent and the chunked (SSD) path at every ISA
+//! level, plus prefill splits, mixed batches, speculative mode, padding, NULL arguments,
+//! zero-length sequences, strided views, thread-count determinism and every rejected input.
+//!
+//! Data are realistic: `A = -exp(U(ln 1, ln 16))` per head; `d` about 1e-3..0.1 per token (with
+//! the softplus flag `dt_bias = ln(e^d0 - 1)` for `d0` log-uniform in [1e-3, 0.1] and raw
+//! `dt ~ N(0, 0.5)`; without it `dt` is `d0 * e^N(0, 0.5)` directly); x, B, C ~ U[-1, 1],
+//! z ~ U[-3, 3], D ~ U[-1, 1], initial states U[-0.5, 0.5]. One family drives `A d` to about -20
+//! per token on half the heads (decays that underflow within a chunk) and one feeds softplus raw
+//! `dt` over [-100, 100] (across its threshold of 20 and past f32 `exp` overflow).
+//!
+//! Tolerances (|got - want| <= atol + rtol * |want|, on the output and on every written state):
+//! - f32:  1e-4 + 1e-4 rel (f32 arithmetic; the measured error is ~1e-6 relative);
+//! - f16:  2e-4 + 2e-3 rel (4x its half-ulp of 2^-11, rounded once);
+//! - bf16: 1e-3 + 8e-3 rel (2x its half-ulp of 2^-8 ... see `tol`).
+//!
+//! A narrow state may be rounded once per chunk (prefill) or once per token (decode, speculative),
+//! and the output after that point is computed from the rounded state, so the output's tolerance
+//! is the looser of its dtype's and the state's. Comparisons of two kernel results (a split
+//! prefill against one call) take twice the tolerance. Set `MAMBA2_REPORT=1` (with
+//! `--nocapture`) to print the fraction of the tolerance each case uses.
+mod common;
+
+use std::collections::HashMap;
+
+use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
+use half::{bf16, f16};
+use ssmk::dtype::{DType, Element};
+use ssmk::ffi::context::ssmk_context;
+use ssmk::ffi::mamba2::{SSMK_MAMBA2_DT_SOFTPLUS, ssmk_mamba2_scan};
+use ssmk::ffi::status::*;
+use ssmk::kernels::Path;
+use ssmk::runtime::{Isa, with_isa};
+use ssmk::tensor::ssmk_tensor;
+
+const PAD: i64 = -1;
+const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+#[derive(Clone, Copy, Debug)]
+struct Tol {
+    atol: f64,
+    rtol: f64,
+}
+
+/// The tolerance of a value stored in `dtype` (see the file's doc comment).
+fn tol(dtype: DType) -> Tol {
+    match dtype {
+        DType::F32 => Tol {
+            atol: 1e-4,
+            rtol: 1e-4,
+        },
+        DType::F16 => Tol {
+            atol: 2e-4,
+            rtol: 2e-3,
+        },
+        _ => Tol {
+            atol: 1e-3,
+            rtol: 8e-3,
+        },
+    }
+}
+
+impl Tol {
+    fn times(self, k: f64) -> Tol {
+        Tol {
+            atol: self.atol * k,
+            rtol: self.rtol * k,
+        }
+    }
+
+    /// The fraction of the tolerance `|got - want|` uses (> 1: violated; NaN counts as violated).
+    fn ratio(self, got: f64, want: f64) -> f64 {
+        let r = (got - want).abs() / (self.atol + self.rtol * want.abs());
+        if r.is_nan() { f64::INFINITY } else { r }
+    }
+}
+
+/// The worst element of a comparison.
+struct Worst {
+    ratio: f64,
+    at: String,
+}
+
+impl Worst {
+    fn new() -> Worst {
+        Worst {
+            ratio: 0.0,
+            at: String::from("(nothing compared)"),
+        }
+    }
+
+    fn add(&mut self, ratio: f64, at: impl FnOnce() -> String) {
+        if ratio > self.ratio || (ratio.is_infinite() && !self.ratio.is_infinite()) {
+            self.ratio = ratio;
+            self.at = at();
+        }
+    }
+
+    fn check(&self, what: &str, t: Tol) {
+        assert!(
+            self.ratio <= 1.0,
+            "{what}: {} is {:.3}x the tolerance {t:?}",
+            self.at,
+            self.ratio
+        );
+    }
+}
+
+fn report() -> bool {
+    std::env::var("MAMBA2_REPORT").is_ok()
+}
+
+/// How the per-token step sizes `d` are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Decays {
+    /// `d` about 1e-3..0.1, `A d` down to about -1.6.
+    Normal,
+    /// Even heads: `d0` log-uniform in [0.3, 1.25], so `A d` reaches about -20 per token.
+    Large,
+    /// Softplus input (`dt + dt_bias`) over [-100, 100] and `A` down to -1e-3.
+    Extreme,
+}
+
+/// What a case turns on, and the dtype of each tensor.
+#[derive(Clone, Copy, Debug)]
+struct Opts {
+    x: DType,
+    dt: DType,
+    bc: DType,
+    zt: DType,
+    /// `None`: `state` NULL.
+    state: Option<DType>,
+    d: bool,
+    z: bool,
+    bias: bool,
+    softplus: bool,
+    clamp: bool,
+    decays: Decays,
+}
+
+impl Opts {
+    /// Every option on, no clamp.
+    fn all(act: DType, state: DType) -> Opts {
+        Opts {
+            x: act,
+            dt: act,
+            bc: act,
+            zt: act,
+            state: Some(state),
+            d: true,
+            z: true,
+            bias: true,
+            softplus: true,
+            clamp: false,
+            decays: Decays::Normal,
+        }
+    }
+
+    /// Case `n` of a rotation: the five on/off options are the bits of `n % 32`, the dtypes of
+    /// x, dt, B/C, z and the state rotate at different rates.
+    fn rotate(n: usize) -> Opts {
+        let bits = n % 32;
+        Opts {
+            x: FLOATS[(n / 3) % 3],
+            dt: FLOATS[(n / 5) % 3],
+            bc: FLOATS[(2 * n / 3) % 3],
+            zt: FLOATS[(2 * n / 5) % 3],
+            state: Some(FLOATS[(3 * n / 5) % 3]),
+            d: bits & 1 != 0,
+            z: bits & 2 != 0,
+            bias: bits & 4 != 0,
+            softplus: bits & 8 != 0,
+            clamp: bits & 16 != 0,
+            decays: Decays::Normal,
+        }
+    }
+}
+
+/// One call's tensors.
+#[derive(Clone)]
+struct Scan {
+    t: usize,
+    nh: usize,
+    p: usize,
+    g: usize,
+    n: usize,
+    x: Tensor,
+    dt: Tensor,
+    a: Tensor,
+    b: Tensor,
+    c: Tensor,
+    d: Option<Tensor>,
+    z: Option<Tensor>,
+    dt_bias: Option<Tensor>,
+    dt_min: f32,
+    dt_max: f32,
+    flags: u32,
+    state: Option<Tensor>,
+    cu: Option<Tensor>,
+    idx: Option<Tensor>,
+    init: Option<Tensor>,
+    accepted: Option<Tensor>,
+    out: Tensor,
+}
+
+/// All elements as f64, row-major; fast for compact tensors.
+fn values(t: &Tensor) -> Vec<f64> {
+    if t.strides.is_some() {
+        return t.to_vec();
+    }
+    let n = t.numel();
+    let p = t.base();
+    unsafe {
+        match t.dtype {
+            DType::F32 => std::slice::from_raw_parts(p.cast::<f32>(), n)
+                .iter()
+                .map(|&x| x as f64)
+                .collect(),
+            DType::BF16 => std::slice::from_raw_parts(p.cast::<bf16>(), n)
+                .iter()
+                .map(|&x| x.to_f32() as f64)
+                .collect(),
+            DType::F16 => std::slice::from_raw_parts(p.cast::<f16>(), n)
+                .iter()
+                .map(|&x| x.to_f32() as f64)
+                .collect(),
+            _ => t.to_vec(),
+        }
+    }
+}
+
+/// Fills element `i` (row-major) with `f(i)`, rounded to the dtype; fast for compact tensors.
+fn fill_with(t: &mut Tensor, mut f: impl FnMut(usize) -> f64) {
+    if t.strides.is_none() && t.dtype.is_float() {
+        let p = t.base();
+        for i in 0..t.numel() {
+            let x = f(i) as f32;
+            unsafe {
+                match t.dtype {
+                    DType::F32 => p.cast::<f32>().add(i).write(x),
+                    DType::BF16 => p
+                        .cast::<bf16>()
+                        .add(i)
+                        .write(<bf16 as Element>::from_f32(x)),
+                    _ => p.cast::<f16>().add(i).write(<f16 as Element>::from_f32(x)),
+                }
+            }
+        }
+        return;
+    }
+    for (i, idx) in t.indices().into_iter().enumerate() {
+        let v = f(i);
+        t.set(&idx, v);
+    }
+}
+
+/// Uniform in `[lo, hi)`.
+fn uniform(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
+    lo + (hi - lo) * rng.uniform()
+}
+
+/// Standard normal (Box-Muller).
+fn gauss(rng: &mut Rng) -> f64 {
+    let u = 1.0 - rng.uniform(); // (0, 1]
+    let v = rng.uniform();
+    (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+}
+
+/// `x` with `softplus(x) = d`.
+fn softplus_inv(d: f64) -> f64 {
+    d.exp_m1().ln()
+}
+
+fn filled(dtype: DType, shape: &[usize], rng: &mut Rng, lo: f64, hi: f64) -> Tensor {
+    let mut t = Tensor::zeros(dtype, shape);
+    fill_with(&mut t, |_| uniform(rng, lo, hi));
+    t
+}
+
+/// The same logical tensor over storage with `strides` (elements; gaps zero).
+fn restride(t: &Tensor, strides: &[usize]) -> Tensor {
+    let shape: Vec<usize> = t.shape.iter().map(|&s| s as usize).collect();
+    let span = shape
+        .iter()
+        .zip(strides)
+        .map(|(&n, &s)| (n.max(1) - 1) * s)
+        .sum::<usize>()
+        + 1;
+    let mut r = Tensor::with_layout(t.dtype, &shape, Some(strides), span);
+    for idx in t.indices() {
+        r.set(&idx, t.get(&idx));
+    }
+    r
+}
+
+impl Scan {
+    /// Random inputs for `t` tokens with heads `(NH, P, G, N)` and, when `o.state` is set, a pool
+    /// of `slots` random states.
+    fn new(seed: u64, t: usize, dims: (usize, usize, usize, usize), o: Opts, slots: usize) -> Scan {
+        let (nh, p, g, n) = dims;
+        let mut rng = Rng::new(seed);
+        let ln = f64::ln;
+        let a_lo = if o.decays == Decays::Extreme {
+            ln(1e-3)
+        } else {
+            0.0
+        };
+        let a_heads: Vec<f64> = (0..nh)
+            .map(|_| -uniform(&mut rng, a_lo, ln(16.0)).exp())
+            .collect();
+        let d0: Vec<f64> = (0..nh)
+            .map(|h| match o.decays {
+                Decays::Large if h % 2 == 0 => uniform(&mut rng, ln(0.3), ln(1.25)).exp(),
+                _ => uniform(&mut rng, ln(1e-3), ln(0.1)).exp(),
+            })
+            .collect();
+        let mut a = Tensor::zeros(DType::F32, &[nh]);
+        fill_with(&mut a, |h| a_heads[h]);
+        let bias: Vec<f64> = (0..nh)
+            .map(|h| match (o.decays, o.softplus) {
+                (Decays::Extreme, _) => uniform(&mut rng, -1.0, 1.0),
+                (_, true) => softplus_inv(d0[h]),
+                (_, false) => 0.5 * d0[h],
+            })
+            .collect();
+        let dt_bias = o.bias.then(|| {
+            let mut b = Tensor::zeros(DType::F32, &[nh]);
+            fill_with(&mut b, |h| bias[h]);
+            b
+        });
+        let mut dt = Tensor::zeros(o.dt, &[t, nh]);
+        const EDGES: [f64; 10] = [
+            -100.0, -30.0, -20.5, -1.0, 19.9, 20.1, 30.0, 88.9, 95.0, 100.0,
+        ];
+        fill_with(&mut dt, |i| {
+            let h = i % nh;
+            match (o.decays, o.softplus, o.bias) {
+                (Decays::Extreme, _, _) => {
+                    if rng.uniform() < 0.5 {
+                        uniform(&mut rng, -100.0, 100.0)
+                    } else {
+                        EDGES[rng.below(EDGES.len())]
+                    }
+                }
+                (_, true, true) => 0.5 * gauss(&mut rng),
+                (_, true, false) => softplus_inv(d0[h]) + 0.5 * gauss(&mut rng),
+                (_, false, true) => 0.5 * d0[h] * (0.5 * gauss(&mut rng)).exp(),
+                (_, false, false) => d0[h] * (0.5 * gauss(&mut rng)).exp(),
+            }
+        });
+        let (dt_min, dt_max) = match (o.clamp, o.decays) {
+            (false, _) => (f32::NEG_INFINITY, f32::INFINITY),
+            (true, Decays::Normal) => (2e-3, 0.08),
+            (true, Decays::Large) => (2e-3, 1.0),
+            (true, Decays::Extreme) => (1e-6, 50.0),
+        };
+        let x = filled(o.x, &[t, nh, p], &mut rng, -1.0, 1.0);
+        let b = filled(o.bc, &[t, g, n], &mut rng, -1.0, 1.0);
+        let c = filled(o.bc, &[t, g, n], &mut rng, -1.0, 1.0);
+        let d = o.d.then(|| filled(DType::F32, &[nh], &mut rng, -1.0, 1.0));
+        let z = o.z.then(|| filled(o.zt, &[t, nh, p], &mut rng, -3.0, 3.0));
+        let state = o
+            .state
+            .map(|st| filled(st, &[slots, nh, p, n], &mut rng, -0.5, 0.5));
+        // Sentinel: rows no sequence owns must keep it.
+        let out = filled(o.x, &[t, nh, p], &mut rng, 100.0, 101.0);
+        Scan {
+            t,
+            nh,
+            p,
+            g,
+            n,
+            x,
+            dt,
+            a,
+            b,
+            c,
+            d,
+            z,
+            dt_bias,
+            dt_min,
+            dt_max,
+            flags: if o.softplus {
+                SSMK_MAMBA2_DT_SOFTPLUS
+            } else {
+                0
+            },
+            state,
+            cu: None,
+            idx: None,
+            init: None,
+            accepted: None,
+            out,
+        }
+    }
+
+    fn with_seqs(mut self, lens: &[usize]) -> Scan {
+        let mut cu = vec![0i64];
+        for &l in lens {
+            cu.push(cu.last().unwrap() + l as i64);
+        }
+        self.cu = Some(Tensor::ints(DType::I32, &cu));
+        self
+    }
+
+    /// Calls through `f` after `m` edits the descriptors.
+    fn call_mut(&mut self, m: impl FnOnce(&mut Descs), f: impl FnOnce(&Descs) -> i32) -> i32 {
+        let opt = |t: &Option<Tensor>| t.as_ref().map(|t| t.desc());
+        let mut d = Descs {
+            x: self.x.desc(),
+            dt: self.dt.desc(),
+            a: self.a.desc(),
+            b: self.b.desc(),
+            c: self.c.desc(),
+            d: opt(&self.d),
+            z: opt(&self.z),
+            dt_bias: opt(&self.dt_bias),
+            dt_min: self.dt_min,
+            dt_max: self.dt_max,
+            flags: self.flags,
+            state: opt(&self.state),
+            cu: opt(&self.cu),
+            idx: opt(&self.idx),
+            init: opt(&self.init),
+            accepted: opt(&self.accepted),
+            out: self.out.desc(),
+        };
+        m(&mut d);
+        f(&d)
+    }
+
+    fn call_with(&mut self, isa: Isa, path: Path, ctx: *const ssmk_context) -> i32 {
+        self.call_mut(
+            |_| {},
+            |d| with_isa(isa, || path.with(|| unsafe { export(ctx, d) })),
+        )
+    }
+
+    /// Calls with the active ISA on `path`, asserting success.
+    fn run(&mut self, path: Path, ctx: *const ssmk_context, what: &str) {
+        let code = self.call_mut(|_| {}, |d| path.with(|| unsafe { export(ctx, d) }));
+        assert_eq!(code, SSMK_OK, "{what}: {}", common::last_error());
+    }
+}
+
+struct Descs {
+    x: ssmk_tensor,
+    dt: ssmk_tensor,
+    a: ssmk_tensor,
+    b: ssmk_tensor,
+    c: ssmk_tensor,
+    d: Option<ssmk_tensor>,
+    z: Option<ssmk_tensor>,
+    dt_bias: Option<ssmk_tensor>,
+    dt_min: f32,
+    dt_max: f32,
+    flags: u32,
+    state: Option<ssmk_tensor>,
+    cu: Option<ssmk_tensor>,
+    idx: Option<ssmk_tensor>,
+    init: Option<ssmk_tensor>,
+    accepted: Option<ssmk_tensor>,
+    out: ssmk_tensor,
+}
+
+fn ptr(d: &Option<ssmk_tensor>) -> *const ssmk_tensor {
+    d.as_ref().map_or(std::ptr::null(), |d| d as *const _)
+}
+
+fn ptr_mut(d: &Option<ssmk_tensor>) -> *mut ssmk_tensor {
+    ptr(d).cast_mut()
+}
+
+/// The export, with every descriptor of `d`.
+unsafe fn export(ctx: *const ssmk_context, d: &Descs) -> i32 {
+    unsafe {
+        ssmk_mamba2_scan(
+            ctx,
+            &d.x,
+            &d.dt,
+            &d.a,
+            &d.b,
+            &d.c,
+            ptr(&d.d),
+            ptr(&d.z),
+            ptr(&d.dt_bias),
+            d.dt_min,
+            d.dt_max,
+            d.flags,
+            ptr_mut(&d.state),
+            ptr(&d.cu),
+            ptr(&d.idx),
+            ptr(&d.init),
+            ptr(&d.accepted),
+            PAD,
+            (&d.out as *const ssmk_tensor).cast_mut(),
+        )
+    }
+}
+
+/// What the reference says one sequence does with the state pool.
+#[derive(Clone, Debug)]
+enum Writes {
+    Nothing,
+    Final(usize),
+    /// Speculative: the state after token `t` goes to `slots[t]` (`None`: a pad entry, not written).
+    PerToken(Vec<Option<usize>>),
+}
+
+#[derive(Clone, Debug)]
+struct RefSeq {
+    start: usize,
+    len: usize,
+    padded: bool,
+    read: Option<usize>,
+    writes: Writes,
+}
+
+/// Expected outputs: out elements (None = untouched), the scale of each output's state term
+/// (`|silu(z)| * ||h_t[p] o C_t||_2`, see [`out_bound`]) and the state of every written slot.
+struct Expect {
+    out: Vec<Option<f64>>,
+    scale: Vec<f64>,
+    states: HashMap<usize, Vec<f64>>,
+}
+
+/// The f64 per-token recurrence of ABI.md §4.9, straight from the formula.
+fn reference(p: &Scan, seqs: &[RefSeq]) -> Expect {
+    let (nh, pd, ng, nd) = (p.nh, p.p, p.g, p.n);
+    let (x, dt, a, b, c) = (
+        values(&p.x),
+        values(&p.dt),
+        values(&p.a),
+        values(&p.b),
+        values(&p.c),
+    );
+    let dv = p.d.as_ref().map(values);
+    let z = p.z.as_ref().map(values);
+    let bias = p.dt_bias.as_ref().map(values);
+    let st0 = p.state.as_ref().map(values);
+    let slot_len = nh * pd * nd;
+    let heads_per_group = nh / ng;
+    let softplus = p.flags & SSMK_MAMBA2_DT_SOFTPLUS != 0;
+    let mut exp = Expect {
+        out: vec![None; p.t * nh * pd],
+        scale: vec![0.0; p.t * nh * pd],
+        states: HashMap::new(),
+    };
+    for s in seqs {
+        if s.padded {
+            for e in &mut exp.out[s.start * nh * pd..(s.start + s.len) * nh * pd] {
+                *e = Some(0.0);
+            }
+            continue;
+        }
+        let mut state = match s.read {
+            Some(slot) => st0.as_ref().unwrap()[slot * slot_len..(slot + 1) * slot_len].to_vec(),
+            None => vec![0.0; slot_len],
+        };
+        for (i, t) in (s.start..s.start + s.len).enumerate() {
+            for h in 0..nh {
+                let grp = h / heads_per_group;
+                let mut d = dt[t * nh + h] + bias.as_ref().map_or(0.0, |b| b[h]);
+                if softplus {
+                    d = if d > 20.0 { d } else { d.exp().ln_1p() };
+                }
+                d = d.max(p.dt_min as f64).min(p.dt_max as f64);
+                let decay = (d * a[h]).exp();
+                let bt = &b[(t * ng + grp) * nd..][..nd];
+                let ct = &c[(t * ng + grp) * nd..][..nd];
+                let sm = &mut state[h * pd * nd..][..pd * nd];
+                for r in 0..pd {
+                    let e = (t * nh + h) * pd + r;
+                    let dx = d * x[e];
+                    let row = &mut sm[r * nd..][..nd];
+                    let (mut y, mut sq) = (0.0, 0.0);
+                    for j in 0..nd {
+                        row[j] = decay * row[j] + dx * bt[j];
+                        y += row[j] * ct[j];
+                        sq += (row[j] * ct[j]).powi(2);
+                    }
+                    if let Some(dv) = &dv {
+                        y += dv[h] * x[e];
+                    }
+                    let mut gate = 1.0;
+                    if let Some(z) = &z {
+                        gate = z[e] / (1.0 + (-z[e]).exp());
+                    }
+                    exp.out[e] = Some(y * gate);
+                    exp.scale[e] = sq.sqrt() * gate.abs();
+                }
+            }
+            if let Writes::PerToken(slots) = &s.writes
+                && let Some(slot) = slots[i]
+            {
+                exp.states.insert(slot, state.clone());
+            }
+        }
+        if let Writes::Final(slot) = s.writes {
+            exp.states.insert(slot, state);
+        }
+    }
+    exp
+}
+
+/// The tolerance of `p`'s state (f32 without a pool).
+fn state_tol(p: &Scan) -> Tol {
+    p.state.as_ref().map_or(tol(DType::F32), |s| tol(s.dtype))
+}
+
+/// The allowed error of an output whose reference is `want` with state-term scale `scale`:
+/// its dtype's tolerance plus the state's relative tolerance of the scale (the output is a sum
+/// of `N` state terms, so the state's rounding and the f32 accumulation errors grow with the
+/// terms, not with their possibly cancelling sum).
+fn out_bound(p: &Scan, want: f64, scale: f64) -> f64 {
+    let t = tol(p.out.dtype);
+    t.atol + t.rtol * want.abs() + state_tol(p).rtol * scale
+}
+
+/// [`Tol::ratio`] for an output.
+fn out_ratio(p: &Scan, got: f64, want: f64, scale: f64) -> f64 {
+    let r = (got - want).abs() / out_bound(p, want, scale);
+    if r.is_nan() { f64::INFINITY } else { r }
+}
+
+/// Byte positions of `t`'s storage that no element of its view covers.
+fn gaps(t: &Tensor) -> Vec<usize> {
+    let size = t.dtype.size();
+    let mut covered = vec![false; t.storage.len() * 8];
+    let strides = t.elem_strides();
+    for idx in t.indices() {
+        let off: usize = idx.iter().zip(&strides).map(|(i, s)| i * s).sum();
+        for b in 0..size {
+            covered[off * size + b] = true;
+        }
+    }
+    (0..covered.len()).filter(|&i| !covered[i]).collect()
+}
+
+/// Bytes of a strided view's storage outside the view are unchanged.
+fn assert_gaps_unchanged(before: &Tensor, after: &Tensor, what: &str) {
+    if after.strides.is_none() {
+        return;
+    }
+    let (b, a) = (before.bytes(), after.bytes());
+    for i in gaps(after) {
+        assert_eq!(a[i], b[i], "{what}: byte {i} outside the view was written");
+    }
+}
+
+fn out_pos(p: &Scan, i: usize) -> String {
+    let (t, r) = (i / (p.nh * p.p), i % (p.nh * p.p));
+    format!("out[{t}][{}][{}]", r / p.p, r % p.p)
+}
+
+fn state_pos(p: &Scan, slot: usize, i: usize) -> String {
+    let (h, r) = (i / (p.p * p.n), i % (p.p * p.n));
+    format!("state[{slot}][{h}][{}][{}]", r / p.n, r % p.n)
+}
+
+/// Checks `after` against `exp`; untouched out elements and state slots (and the bytes of
+/// strided storage outside each view) must keep `before`'s bits.
+fn verify(before: &Scan, after: &Scan, exp: &Expect, what: &str) {
+    let st = state_tol(after);
+    let got = values(&after.out);
+    let old = values(&before.out);
+    let mut worst = Worst::new();
+    let mut strict = Worst::new();
+    let strict_tol = tol(after.out.dtype);
+    for (i, e) in exp.out.iter().enumerate() {
+        match e {
+            Some(w) => {
+                let scale = exp.scale[i];
+                worst.add(out_ratio(after, got[i], *w, scale), || {
+                    format!(
+                        "{} = {} vs reference {w} (state-term scale {scale:.3e})",
+                        out_pos(after, i),
+                        got[i]
+                    )
+                });
+                strict.add(strict_tol.ratio(got[i], *w), String::new);
+            }
+            None => assert_eq!(
+                got[i].to_bits(),
+                old[i].to_bits(),
+                "{what}: {} outside every sequence was written",
+                out_pos(after, i)
+            ),
+        }
+    }
+    assert_gaps_unchanged(&before.out, &after.out, what);
+    let mut sworst = Worst::new();
+    if let (Some(sa), Some(sb)) = (&after.state, &before.state) {
+        let (ga, gb) = (values(sa), values(sb));
+        let slot_len = after.nh * after.p * after.n;
+        for slot in 0..sa.shape[0] as usize {
+            let range = slot * slot_len..(slot + 1) * slot_len;
+            match exp.states.get(&slot) {
+                Some(w) => {
+                    for (i, (g, w)) in ga[range].iter().zip(w).enumerate() {
+                        sworst.add(st.ratio(*g, *w), || {
+                            format!("{} = {g} vs reference {w}", state_pos(after, slot, i))
+                        });
+                    }
+                }
+                None => assert!(
+                    ga[range.clone()]
+                        .iter()
+                        .zip(&gb[range])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: state slot {slot} was written"
+                ),
+            }
+        }
+        assert_gaps_unchanged(sb, sa, what);
+    }
+    if report() {
+        eprintln!(
+            "{what}: out {:.3} (without the state term: {:.3}), state {:.3}",
+            worst.ratio, strict.ratio, sworst.ratio
+        );
+    }
+    worst.check(&format!("{what}: output"), strict_tol);
+    sworst.check(&format!("{what}: state"), st);
+}
+
+/// Sequences of an ordinary (non-speculative) call as the ABI defines them.
+fn plain_seqs(p: &Scan) -> Vec<RefSeq> {
+    let cu: Vec<usize> = match &p.cu {
+        Some(c) => values(c).iter().map(|&x| x as usize).collect(),
+        None => vec![0, p.t],
+    };
+    let b = cu.len() - 1;
+    let idx: Vec<i64> = match &p.idx {
+        Some(i) => values(i).iter().map(|&x| x as i64).collect(),
+        None => (0..b as i64).collect(),
+    };
+    let init: Vec<bool> = match &p.init {
+        Some(i) => values(i).iter().map(|&x| x != 0.0).collect(),
+        None => vec![false; b],
+    };
+    (0..b)
+        .map(|s| {
+            let padded = idx[s] == PAD;
+            let slot = idx[s] as usize;
+            RefSeq {
+                start: cu[s],
+                len: cu[s + 1] - cu[s],
+                padded,
+                read: (!padded && init[s]).then_some(slot),
+                writes: if padded || p.state.is_none() {
+                    Writes::Nothing
+                } else {
+                    Writes::Final(slot)
+                },
+            }
+        })
+        .collect()
+}
+
+/// A batch of `lens` over a pool with two spare slots, slots reversed, alternate initial states.
+fn batch_case(seed: u64, lens: &[usize], dims: (usize, usize, usize, usize), o: Opts) -> Scan {
+    let t: usize = lens.iter().sum();
+    let slots = lens.len() + 2;
+    let mut p = Scan::new(seed, t, dims, o, slots).with_seqs(lens);
+    p.idx = Some(Tensor::ints(
+        DType::I64,
+        &(0..lens.len())
+            .map(|b| (slots - 1 - b) as i64)
+            .collect::<Vec<_>>(),
+    ));
+    p.init = Some(Tensor::ints(
+        DType::Bool,
+        &(0..lens.len())
+            .map(|b| (b % 2 == 0) as i64)
+            .collect::<Vec<_>>(),
+    ));
+    p
+}
+
+/// Head `h` of every sequence decays hard (`A = -16`, `d = big`) for the first 48 tokens of each
+/// 64-token stretch and barely (`d = small`) for the other 16: the state after a run of hard
+/// decays must come out of the chunk's (large) cumulative log-decay as accurately as from the
+/// recurrence. Needs a case without softplus, dt_bias or clamp (`dt` is then `d`).
+fn hard_then_soft(p: &mut Scan, h: usize, big: f64, small: f64) {
+    assert!(p.flags == 0 && p.dt_bias.is_none() && p.dt_min == f32::NEG_INFINITY);
+    p.a.set(&[h], -16.0);
+    for s in plain_seqs(p) {
+        for k in 0..s.len {
+            let d = if k % 64 < 48 { big } else { small };
+            p.dt.set(&[s.start + k, h], d);
+        }
+    }
+}
+
+/// Both paths at every SIMD level of [`Isa::under_test`] (`Isa::Scalar`, the crate's f64
+/// recurrence, has one) against `exp`.
+fn verify_every_isa(p: &Scan, exp: &Expect, what: &str) {
+    for isa in Isa::under_test() {
+        let paths: &[Path] = if isa == Isa::Scalar {
+            &[Path::Auto]
+        } else {
+            &[Path::Recurrent, Path::Chunked]
+        };
+        for &path in paths {
+            let mut a = p.clone();
+            let code = a.call_with(isa, path, std::ptr::null());
+            assert_eq!(code, SSMK_OK, "{what}: {}", common::last_error());
+            verify(p, &a, exp, &format!("{what} [{isa:?} {path:?}]"));
+        }
+    }
+}
+
+fn run_and_verify(p: &Scan, what: &str) {
+    verify_every_isa(p, &reference(p, &plain_seqs(p)), what);
+}
+
+/// Heads `(NH, P, G, N)`: Mamba-2-like (8 heads of 64, one group of 128), grouped heads, three
+/// groups, odd sizes below and just past SIMD widths, a group per head, many small heads.
+const SHAPES: [(usize, usize, usize, usize); 7] = [
+    (8, 64, 1, 128),
+    (4, 32, 2, 16),
+    (6, 24, 3, 40),
+    (3, 5, 1, 7),
+    (4, 17, 2, 33),
+    (2, 64, 2, 64),
+    (16, 8, 4, 16),
+];
+
+/// Every seq-len list x head shape, each case taking the next combination of D, z, dt_bias,
+/// softplus and a finite clamp and of the five dtypes (see [`Opts::rotate`]); both paths; one case
+/// in 7 in the small-shape mode.
+#[test]
+fn every_isa_matches_reference() {
+    let mut case = 0u64;
+    for (s, &dims) in SHAPES.iter().enumerate() {
+        for (l, lens) in SEQ_LEN_LISTS.iter().enumerate() {
+            case += 1;
+            if !common::sampled(case, 7) {
+                continue;
+            }
+            let o = Opts::rotate(13 * s + l);
+            let p = batch_case(case, lens, dims, o);
+            run_and_verify(&p, &format!("lens {lens:?} dims {dims:?} {o:?}"));
+        }
+    }
+}
+
+/// One sequence of over 1000 tokens (many chunks, state carried far): a small-head one in both
+/// modes, Mamba-2-sized heads and f16 states only in the full mode.
+#[test]
+fn every_isa_long_sequence_matches_reference() {
+    let mut cases = vec![(
+        (4, 32, 2, 16),
+        1037,
+        Opts {
+            clamp: true,
+            softplus: false,
+            ..Opts::all(DType::F16, DType::F32)
+        },
+    )];
+    if !common::small_shapes() {
+        cases.push(((8, 64, 1, 128), 1100, Opts::all(DType::BF16, DType::BF16)));
+        cases.push((
+            (6, 24, 3, 40),
+            1200,
+            Opts {
+                z: false,
+                ..Opts::all(DType::F32, DType::F16)
+            },
+        ));
+    }
+    for (i, (dims, t, o)) in cases.into_iter().enumerate() {
+        let p = batch_case(50 + i as u64, &[t], dims, o);
+        run_and_verify(&p, &format!("T {t} dims {dims:?} {o:?}"));
+    }
+}
+
+/// `A d` down to about -20 per token on half the heads, beside ordinary heads: decays underflow
+/// inside a chunk and must give zeros, never NaN or inf.
+#[test]
+fn every_isa_large_decays_match_reference() {
+    for (i, (dims, lens, act, state, clamp)) in [
+        (
+            (4, 32, 2, 16),
+            &[1usize, 64, 200, 3][..],
+            DType::F32,
+            DType::F32,
+            false,
+        ),
+        (
+            (6, 24, 3, 40),
+            &[130, 1, 65],
+            DType::BF16,
+            DType::BF16,
+            true,
+        ),
+        ((3, 5, 1, 7), &[273], DType::F16, DType::F16, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let o = Opts {
+            clamp,
+            decays: Decays::Large,
+            d: i != 1,
+            ..Opts::all(act, state)
+        };
+        let p = batch_case(60 + i as u64, lens, dims, o);
+        run_and_verify(
+            &p,
+            &format!("large decays lens {lens:?} dims {dims:?} {o:?}"),
+        );
+    }
+    // 48 tokens at -20 per token, then 16 at -0.016: cumulative log-decays near -1000 in a chunk.
+    for (i, act) in [DType::F32, DType::BF16].into_iter().enumerate() {
+        let o = Opts {
+            bias: false,
+            softplus: false,
+            decays: Decays::Large,
+            ..Opts::all(act, DType::F32)
+        };
+        let mut p = batch_case(65 + i as u64, &[130, 1, 64], (4, 32, 2, 16), o);
+        hard_then_soft(&mut p, 1, 1.25, 1e-3);
+        run_and_verify(&p, &format!("hard then soft decays, act {act:?}"));
+    }
+}
+
+/// Softplus inputs over [-100, 100] (either side of its threshold of 20, and where f32
+/// `1 + e^x` overflows), `A` down to -1e-3; no limit, a finite one, and `dt_min == dt_max`.
+#[test]
+fn every_isa_extreme_dt_matches_reference() {
+    for (i, (bias, limits)) in [
+        (false, (f32::NEG_INFINITY, f32::INFINITY)),
+        (true, (1e-6, 50.0)),
+        (true, (0.05, 0.05)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let o = Opts {
+            bias,
+            decays: Decays::Extreme,
+            ..Opts::all(DType::F32, DType::F32)
+        };
+        let mut p = batch_case(70 + i as u64, &[1, 70, 3], (3, 8, 1, 12), o);
+        (p.dt_min, p.dt_max) = limits;
+        run_and_verify(&p, &format!("extreme dt, bias {bias}, limits {limits:?}"));
+    }
+    // 48 tokens at A d = -1600, then 16 at -0.03 (cumulative log-decays near -77000 in a chunk).
+    let o = Opts {
+        bias: false,
+        softplus: false,
+        ..Opts::all(DType::F32, DType::F32)
+    };
+    let mut p = batch_case(73, &[1, 70, 3], (3, 8, 1, 12), o);
+    hard_then_soft(&mut p, 2, 100.0, 2e-3);
+    run_and_verify(&p, "extreme hard then soft decays");
+}
+
+/// Non-compact views of every tensor: padded rows, a strided last dimension, a transposed `dt`,
+/// strided per-head vectors, and states with padded slots or `[p][n]` stored transposed.
+#[test]
+fn every_isa_strided_views_match_reference() {
+    let (nh, p, g, n) = (4, 16, 2, 24);
+    for variant in 0..2 {
+        let o = Opts {
+            x: DType::BF16,
+            dt: DType::F32,
+            bc: DType::F16,
+            zt: DType::BF16,
+            ..Opts::all(DType::BF16, [DType::F32, DType::BF16][variant])
+        };
+        let mut s = batch_case(80 + variant as u64, &[2, 67, 1], (nh, p, g, n), o);
+        let t = s.t;
+        let slots = s.state.as_ref().unwrap().shape[0] as usize;
+        s.x = restride(&s.x, &[nh * (p + 4), p + 4, 1]);
+        s.dt = restride(&s.dt, &[1, t]);
+        s.b = restride(&s.b, &[g * 32, 32, 1]);
+        s.c = restride(&s.c, &[g * n * 2, n * 2, 2]);
+        s.z = Some(restride(s.z.as_ref().unwrap(), &[nh * p * 2, p * 2, 2]));
+        s.a = restride(&s.a, &[2]);
+        s.d = Some(restride(s.d.as_ref().unwrap(), &[3]));
+        s.dt_bias = Some(restride(s.dt_bias.as_ref().unwrap(), &[5]));
+        let st = s.state.as_ref().unwrap();
+        s.state = Some(if variant == 0 {
+            restride(st, &[nh * p * n + 40, p * n, n, 1])
+        } else {
+            restride(st, &[nh * p * n, p * n, 1, p])
+        });
+        s.out = if variant == 0 {
+            restride(&s.out, &[nh * (p + 3), p + 3, 1])
+        } else {
+            restride(&s.out, &[nh * p * 2, p * 2, 2])
+        };
+        assert_eq!(slots, 5);
+        run_and_verify(&s, &format!("strided views, variant {variant}"));
+    }
+}
+
+/// A prefill split over two calls (the second continuing from the state the first wrote) matches
+/// one call within twice the tolerance, split at chunk multiples and elsewhere, including an
+/// empty first part.
+#[test]
+fn two_calls_equal_one_call() {
+    for (i, &(t, split)) in [
+        (128, 64),
+        (145, 64),
+        (145, 73),
+        (273, 128),
+        (200, 1),
+        (200, 199),
+        (130, 0),
+        (700, 333),
+    ]
+    .iter()
+    .enumerate()
+    {
+        for (k, state) in FLOATS.into_iter().enumerate() {
+            let dims = [(4, 32, 2, 16), (6, 24, 3, 40), (8, 64, 1, 128)][(i + k) % 3];
+            let o = Opts {
+                state: Some(state),
+                ..Opts::rotate(i + 5 * k)
+            };
+            let mut one = Scan::new(300 + 3 * i as u64 + k as u64, t, dims, o, 2);
+            one.idx = Some(Tensor::ints(DType::I32, &[1]));
+            one.init = Some(Tensor::ints(DType::U8, &[1]));
+            let mut two = one.clone();
+            let scale = reference(&one, &plain_seqs(&one)).scale;
+            let what = format!("T {t} split {split} dims {dims:?} {o:?}");
+            one.run(Path::Auto, std::ptr::null(), &what);
+            two.cu = Some(Tensor::ints(DType::I32, &[0, split as i64]));
+            two.run(Path::Auto, std::ptr::null(), &what);
+            two.cu = Some(Tensor::ints(DType::I64, &[split as i64, t as i64]));
+            two.run(Path::Auto, std::ptr::null(), &what);
+            let mut worst = Worst::new();
+            for (j, (a, b)) in values(&two.out).iter().zip(values(&one.out)).enumerate() {
+                let r = (a - b).abs() / (2.0 * out_bound(&one, b, scale[j]));
+                worst.add(if r.is_nan() { f64::INFINITY } else { r }, || {
+                    format!("{} {a} vs one call {b}", out_pos(&one, j))
+                });
+            }
+            let st = state_tol(&one).times(2.0);
+            let mut sworst = Worst::new();
+            let (s2, s1) = (two.state.as_ref().unwrap(), one.state.as_ref().unwrap());
+            for (j, (a, b)) in values(s2).iter().zip(values(s1)).enumerate() {
+                sworst.add(st.ratio(*a, b), || {
+                    format!("state[{j}] {a} vs one call {b}")
+                });
+            }
+            if report() {
+                eprintln!("{what}: out {:.3} state {:.3}", worst.ratio, sworst.ratio);
+            }
+            worst.check(&format!("{what}: output"), tol(one.out.dtype).times(2.0));
+            sworst.check(&format!("{what}: state"), st);
+        }
+    }
+}
+
+/// Decodes and prefills, padded and zero-length sequences in one call give bit-identical results
+/// to one call per sequence, on every path.
+#[test]
+fn mixed_batch_equals_separate_calls() {
+    let lens = [1usize, 100, 1, 0, 1, 70, 3, 1, 300, 0, 5];
+    let slots = [3i64, 0, 7, PAD, 2, 5, PAD, 9, 4, 6, 8];
+    let init = [1i64, 0, 1, 1, 1, 1, 0, 1, 1, 0, 1];
+    for (i, (dims, o)) in [
+        ((4, 32, 2, 16), Opts::all(DType::BF16, DType::F32)),
+        ((6, 24, 3, 40), Opts::rotate(5)),
+        ((8, 64, 1, 128), Opts::rotate(26)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut all = Scan::new(400 + i as u64, lens.iter().sum(), dims, o, 10).with_seqs(&lens);
+        all.idx = Some(Tensor::ints(DType::I32, &slots));
+        all.init = Some(Tensor::ints(DType::Bool, &init));
+        let before = all.clone();
+        for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
+            let what = format!("mixed batch dims {dims:?} {o:?} {path:?}");
+            let mut one = before.clone();
+            one.run(path, std::ptr::null(), &what);
+            let mut sep = before.clone();
+            let mut start = 0i64;
+            for b in 0..lens.len() {
+                sep.cu = Some(Tensor::ints(DType::I32, &[start, start + lens[b] as i64]));
+                sep.idx = Some(Tensor::ints(DType::I32, &[slots[b]]));
+                sep.init = Some(Tensor::ints(DType::Bool, &[init[b]]));
+                sep.run(path, std::ptr::null(), &what);
+                start += lens[b] as i64;
+            }
+            assert!(one.out.bytes() == sep.out.bytes(), "{what}: outputs differ");
+            assert!(
+                one.state.as_ref().unwrap().bytes() == sep.state.as_ref().unwrap().bytes(),
+                "{what}: states differ"
+            );
+            if path == Path::Auto {
+                verify(
+                    &before,
+                    &one,
+                    &reference(&before, &plain_seqs(&before)),
+                    &what,
+                );
+            }
+        }
+    }
+}
+
+/// The speculative batch of [`every_isa_speculative_matches_reference`]: per sequence its
+/// length, `num_accepted_tokens`, `has_initial_state` and the pad entries of its slot row.
+const SPEC_SMAX: usize = 4;
+const SPEC: [(usize, i64, i64, &[usize]); 10] = [
+    (3, 2, 1, &[]),     // typical
+    (1, 0, 1, &[]),     // n = 0 reads column 0
+    (4, 1, 1, &[]),     // n = 1
+    (0, 3, 1, &[]),     // zero-length: writes nothing
+    (2, 4, 0, &[0]),    // row[0] = pad: a padded sequence
+    (4, 4, 1, &[]),     // n = Smax
+    (4, 2, 1, &[2, 3]), // tokens 2 and 3 not written
+    (1, 1, 1, &[2, 3]), // a decode; pads past its tokens
+    (3, 0, 0, &[1]),    // from zeros, token 1 not written
+    (2, 4, 1, &[]),     // reads column 3, beyond its tokens
+];
+
+/// A `[B, Smax]` slot table of distinct shuffled slots over a pool of `pool`, with the pads of
+/// [`SPEC`].
+fn spec_table(pool: usize, seed: u64) -> Vec<i64> {
+    let mut rng = Rng::new(seed);
+    let mut perm: Vec<i64> = (0..pool as i64).collect();
+    for i in (1..pool).rev() {
+        perm.swap(i, rng.below(i + 1));
+    }
+    let mut table = perm[..SPEC.len() * SPEC_SMAX].to_vec();
+    for (b, (_, _, _, pads)) in SPEC.iter().enumerate() {
+        for &c in pads.iter() {
+            table[b * SPEC_SMAX + c] = PAD;
+        }
+    }
+    table
+}
+
+/// The speculative case: `state` None gives NULL `state` (then `has_initial_state` is all false).
+fn spec_case(seed: u64, dims: (usize, usize, usize, usize), o: Opts) -> (Scan, Vec<RefSeq>) {
+    let pool = 44;
+    let lens: Vec<usize> = SPEC.iter().map(|s| s.0).collect();
+    let accepted: Vec<i64> = SPEC.iter().map(|s| s.1).collect();
+    let init: Vec<i64> = SPEC
+        .iter()
+        .map(|s| if o.state.is_some() { s.2 } else { 0 })
+        .collect();
+    let table = spec_table(pool, seed);
+    let mut p = Scan::new(seed, lens.iter().sum(), dims, o, pool).with_seqs(&lens);
+    let mut idx = Tensor::zeros(DType::I64, &[lens.len(), SPEC_SMAX]);
+    for b in 0..lens.len() {
+        for c in 0..SPEC_SMAX {
+            idx.set(&[b, c], table[b * SPEC_SMAX + c] as f64);
+        }
+    }
+    p.idx = Some(idx);
+    p.accepted = Some(Tensor::ints(DType::I32, &accepted));
+    p.init = Some(Tensor::ints(DType::U8, &init));
+    let mut start = 0;
+    let seqs = (0..lens.len())
+        .map(|b| {
+            let row = &table[b * SPEC_SMAX..(b + 1) * SPEC_SMAX];
+            let padded = row[0] == PAD;
+            let s = RefSeq {
+                start,
+                len: lens[b],
+                padded,
+                read: (!padded && init[b] != 0)
+                    .then(|| row[(accepted[b] - 1).max(0) as usize] as usize),
+                writes: if padded || o.state.is_none() {
+                    Writes::Nothing
+                } else {
+                    Writes::PerToken(
+                        row[..lens[b]]
+                            .iter()
+                            .map(|&x| (x != PAD).then_some(x as usize))
+                            .collect(),
+                    )
+                },
+            };
+            start += lens[b];
+            s
+        })
+        .collect();
+    (p, seqs)
+}
+
+/// Speculative decode: per-token state writes to `idx[b][t]` (none for a pad entry), reads from
+/// `idx[b][max(n-1, 0)]`, with n = 0, 1 and Smax, a padded sequence, a zero-length one,
+/// `has_initial_state` false, and NULL `state`.
+#[test]
+fn every_isa_speculative_matches_reference() {
+    for (i, (dims, state)) in [
+        ((4, 32, 2, 16), Some(DType::F32)),
+        ((6, 24, 3, 40), Some(DType::BF16)),
+        ((3, 5, 1, 7), Some(DType::F16)),
+        ((8, 64, 1, 128), Some(DType::F32)),
+        ((4, 17, 2, 33), None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let o = Opts {
+            state,
+            ..Opts::rotate(7 * i + 3)
+        };
+        let (p, seqs) = spec_case(500 + i as u64, dims, o);
+        let exp = reference(&p, &seqs);
+        if state.is_some() {
+            assert_eq!(exp.states.len(), 19, "the case writes nineteen states");
+        }
+        verify_every_isa(&p, &exp, &format!("speculative dims {dims:?} {o:?}"));
+    }
+}
+
+/// Pad slots give zero rows and leave the pool alone; zero-length sequences write their initial
+/// state back (zeros without one); NULL `has_initial_state` and NULL `state_indices`; NULL
+/// `state` (any non-pad slot then goes); calls with no tokens.
+#[test]
+fn padding_null_arguments_and_empty_sequences() {
+    let dims = (4, 16, 2, 24);
+    let lens = [4usize, 0, 66, 0, 1, 130];
+    let mut p = Scan::new(600, lens.iter().sum(), dims, Opts::rotate(9), 7).with_seqs(&lens);
+    p.state = Some(filled(
+        DType::BF16,
+        &[7, 4, 16, 24],
+        &mut Rng::new(1),
+        -0.5,
+        0.5,
+    ));
+    p.idx = Some(Tensor::ints(DType::I32, &[PAD, 4, 2, 0, PAD, 5]));
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 1, 0, 1, 1]));
+    let exp = reference(&p, &plain_seqs(&p));
+    for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
+        let mut a = p.clone();
+        a.run(path, std::ptr::null(), "pads");
+        verify(
+            &p,
+            &a,
+            &exp,
+            &format!("pad slots and empty sequences {path:?}"),
+        );
+        // Slot 4 (zero-length, initial state) is bit-identical; slot 0 (zero-length, none) is zero.
+        let (sb, sa) = (
+            p.state.as_ref().unwrap().bytes(),
+            a.state.as_ref().unwrap().bytes(),
+        );
+        let slot_bytes = 4 * 16 * 24 * 2;
+        assert!(sa[4 * slot_bytes..5 * slot_bytes] == sb[4 * slot_bytes..5 * slot_bytes]);
+        assert!(sa[..slot_bytes].iter().all(|&x| x == 0));
+    }
+
+    // NULL has_initial_state (zeros) and NULL state_indices (sequence b in slot b).
+    let mut p = Scan::new(601, 70, dims, Opts::all(DType::BF16, DType::F32), 3).with_seqs(&[1, 69]);
+    let mut a = p.clone();
+    a.run(Path::Auto, std::ptr::null(), "NULL has_initial_state");
+    verify(
+        &p,
+        &a,
+        &reference(&p, &plain_seqs(&p)),
+        "NULL has_initial_state",
+    );
+
+    // NULL state: zeros in, nothing out; slots are not range-checked without a pool.
+    p.state = None;
+    p.idx = Some(Tensor::ints(DType::I32, &[PAD, 12345]));
+    let mut a = p.clone();
+    a.run(Path::Auto, std::ptr::null(), "NULL state");
+    verify(&p, &a, &reference(&p, &plain_seqs(&p)), "NULL state");
+
+    // No tokens: B = 0 touches nothing; NULL cu_seqlens is one empty sequence in slot 0, which
+    // gets zeros, or keeps its state with has_initial_state true.
+    let p = Scan::new(602, 0, dims, Opts::all(DType::F32, DType::F32), 2);
+    let mut a = p.clone();
+    a.cu = Some(Tensor::ints(DType::I32, &[0]));
+    a.run(Path::Auto, std::ptr::null(), "B = 0");
+    assert!(a.state.as_ref().unwrap().bytes() == p.state.as_ref().unwrap().bytes());
+    let mut a = p.clone();
+    a.run(Path::Auto, std::ptr::null(), "T = 0");
+    let (sa, sb) = (
+        a.state.as_ref().unwrap().bytes(),
+        p.state.as_ref().unwrap().bytes(),
+    );
+    let slot_bytes = 4 * 16 * 24 * 4;
+    assert!(
+        sa[..slot_bytes].iter().all(|&x| x == 0),
+        "T = 0: slot 0 not zeroed"
+    );
+    assert!(
+        sa[slot_bytes..] == sb[slot_bytes..],
+        "T = 0: slot 1 written"
+    );
+    let mut a = p.clone();
+    a.init = Some(Tensor::ints(DType::I32, &[1]));
+    a.run(Path::Auto, std::ptr::null(), "T = 0 with initial state");
+    assert!(a.state.as_ref().unwrap().bytes() == p.state.as_ref().unwrap().bytes());
+}
+
+/// Results are bitwise identical on one and two threads, on every path, for a mixed batch with
+/// enough heads and tokens to split into many tasks, and for a speculative batch.
+#[test]
+fn one_and_two_threads_bitwise_equal() {
+    let lens = [1usize, 130, 1, 65, 2, 1, 300];
+    let mut p = Scan::new(
+        700,
+        lens.iter().sum(),
+        (8, 64, 1, 128),
+        Opts::all(DType::BF16, DType::F32),
+        7,
+    )
+    .with_seqs(&lens);
+    p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 0, 1, 1, 1, 1]));
+    let (spec, _) = spec_case(701, (8, 32, 2, 64), Opts::all(DType::F16, DType::BF16));
+    let (c1, c2) = (Ctx::new(1), Ctx::new(2));
+    for (name, case) in [("mixed", &p), ("speculative", &spec)] {
+        for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
+            let mut results = Vec::new();
+            for ctx in [&c1, &c2] {
+                let mut a = case.clone();
+                a.run(path, ctx.0, name);
+                results.push((a.out.bytes(), a.state.as_ref().unwrap().bytes()));
+            }
+            assert!(
+                results[0] == results[1],
+                "{name} {path:?}: 1 vs 2 threads differ"
+            );
+        }
+    }
+}
+
+/// Every bad input is rejected with its status and a message naming the argument, and no out
+/// or state byte changes.
+#[test]
+fn rejects_bad_inputs() {
+    // T = 7, NH = 4, P = 8, G = 2, N = 8; sequences [3, 4] in slots 1 and 2 of 4.
+    let base = || {
+        let o = Opts {
+            clamp: true,
+            ..Opts::all(DType::BF16, DType::F32)
+        };
+        let mut p = Scan::new(900, 7, (4, 8, 2, 8), o, 4).with_seqs(&[3, 4]);
+        p.idx = Some(Tensor::ints(DType::I32, &[1, 2]));
+        p.init = Some(Tensor::ints(DType::Bool, &[1, 0]));
+        p
+    };
+    let spec = || {
+        let mut p = base();
+        let mut idx = Tensor::zeros(DType::I32, &[2, 4]);
+        for c in 0..4 {
+            idx.set(&[0, c], c as f64);
+            idx.set(&[1, c], PAD as f64);
+        }
+        p.idx = Some(idx);
+        p.accepted = Some(Tensor::ints(DType::I32, &[1, 1]));
+        p
+    };
+    let z = |dt: DType, shape: &[usize]| Tensor::zeros(dt, shape);
+    let (bf, f32_, i32_) = (DType::BF16, DType::F32, DType::I32);
+    let x_2d = z(bf, &[7, 32]);
+    let x_int = z(i32_, &[7, 4, 8]);
+    let dt_heads = z(bf, &[7, 5]);
+    let dt_tokens = z(bf, &[6, 4]);
+    let dt_int = z(i32_, &[7, 4]);
+    let a_wrong = z(f32_, &[5]);
+    let a_bf16 = z(bf, &[4]);
+    let a_2d = z(f32_, &[4, 1]);
+    let c_n = z(bf, &[7, 2, 9]);
+    let c_g = z(bf, &[7, 1, 8]);
+    let bc_g3 = z(bf, &[7, 3, 8]);
+    let b_tokens = z(bf, &[6, 2, 8]);
+    let b_int = z(i32_, &[7, 2, 8]);
+    let d_wrong = z(f32_, &[5]);
+    let d_bf16 = z(bf, &[4]);
+    let bias_wrong = z(f32_, &[3]);
+    let bias_f16 = z(DType::F16, &[4]);
+    let z_wrong = z(bf, &[7, 4, 9]);
+    let z_int = z(i32_, &[7, 4, 8]);
+    let out_wrong = z(bf, &[7, 4, 9]);
+    let out_f32 = z(f32_, &[7, 4, 8]);
+    let out_int = z(i32_, &[7, 4, 8]);
+    let state_n = z(f32_, &[4, 4, 8, 9]);
+    let state_p = z(f32_, &[4, 4, 9, 8]);
+    let state_h = z(f32_, &[4, 3, 8, 8]);
+    let state_3d = z(f32_, &[4, 4, 64]);
+    let state_int = z(i32_, &[4, 4, 8, 8]);
+    let out_self_overlap = [0i64, 8, 1];
+    let state_self_overlap = [0i64, 64, 8, 1];
+    type Setup<'a> = Box<dyn Fn(&mut Scan) + 'a>;
+    type Edit<'a> = Box<dyn Fn(&mut Descs) + 'a>;
+    let none = || -> Setup { Box::new(|_| {}) };
+    let keep = || -> Edit { Box::new(|_| {}) };
+    const ALIAS: i32 = SSMK_ERR_ALIASING;
+    const INVALID: i32 = SSMK_ERR_INVALID_ARGUMENT;
+    const OOB: i32 = SSMK_ERR_OUT_OF_BOUNDS;
+    const DTYPE: i32 = SSMK_ERR_UNSUPPORTED_DTYPE;
+    let cases: Vec<(&str, Setup, Edit, i32, &[&str])> = vec![
+        (
+            "x ndim",
+            none(),
+            Box::new(|d| d.x = x_2d.desc()),
+            INVALID,
+            &["x.ndim = 2"],
+        ),
+        (
+            "x dtype",
+            none(),
+            Box::new(|d| d.x = x_int.desc()),
+            DTYPE,
+            &["x.dtype = int32"],
+        ),
+        (
+            "dt heads",
+            none(),
+            Box::new(|d| d.dt = dt_heads.desc()),
+            INVALID,
+            &["dt.shape[1] = 5"],
+        ),
+        (
+            "dt tokens",
+            none(),
+            Box::new(|d| d.dt = dt_tokens.desc()),
+            INVALID,
+            &["dt.shape[0] = 6"],
+        ),
+        (
+            "dt dtype",
+            none(),
+            Box::new(|d| d.dt = dt_int.desc()),
+            DTYPE,
+            &["dt.dtype"],
+        ),
+        (
+            "A shape",
+            none(),
+            Box::new(|d| d.a = a_wrong.desc()),
+            INVALID,
+            &["A.shape[0] = 5"],
+        ),
+        (
+            "A dtype",
+            none(),
+            Box::new(|d| d.a = a_bf16.desc()),
+            DTYPE,
+            &["A.dtype = bfloat16"],
+        ),
+        (
+            "A ndim",
+            none(),
+            Box::new(|d| d.a = a_2d.desc()),
+            INVALID,
+            &["A.ndim = 2"],
+        ),
+        (
+            "C state size",
+            none(),
+            Box::new(|d| d.c = c_n.desc()),
+            INVALID,
+            &["C.shape[2] = 9"],
+        ),
+        (
+            "C groups",
+            none(),
+            Box::new(|d| d.c = c_g.desc()),
+            INVALID,
+            &["C.shape[1] = 1"],
+        ),
+        (
+            "NH % G",
+            none(),
+            Box::new(|d| {
+                d.b = bc_g3.desc();
+                d.c = bc_g3.desc()
+            }),
+            INVALID,
+            &["B.shape[1] = 3"],
+        ),
+        (
+            "B tokens",
+            none(),
+            Box::new(|d| d.b = b_tokens.desc()),
+            INVALID,
+            &["B.shape[0] = 6"],
+        ),
+        (
+            "B dtype",
+            none(),
+            Box::new(|d| d.b = b_int.desc()),
+            DTYPE,
+            &["B.dtype"],
+        ),
+        (
+            "D shape",
+            none(),
+            Box::new(|d| d.d = Some(d_wrong.desc())),
+            INVALID,
+            &["D.shape[0] = 5"],
+        ),
+        (
+            "D dtype",
+            none(),
+            Box::new(|d| d.d = Some(d_bf16.desc())),
+            DTYPE,
+            &["D.dtype = bfloat16"],
+        ),
+        (
+            "dt_bias shape",
+            none(),
+            Box::new(|d| d.dt_bias = Some(bias_wrong.desc())),
+            INVALID,
+            &["dt_bias.shape[0] = 3"],
+        ),
+        (
+            "dt_bias dtype",
+            none(),
+            Box::new(|d| d.dt_bias = Some(bias_f16.desc())),
+            DTYPE,
+            &["dt_bias.dtype = float16"],
+        ),
+        (
+            "z shape",
+            none(),
+            Box::new(|d| d.z = Some(z_wrong.desc())),
+            INVALID,
+            &["z.shape[2] = 9"],
+        ),
+        (
+            "z dtype",
+            none(),
+            Box::new(|d| d.z = Some(z_int.desc())),
+            DTYPE,
+            &["z.dtype"],
+        ),
+        (
+            "out shape",
+            none(),
+            Box::new(|d| d.out = out_wrong.desc()),
+            INVALID,
+            &["out.shape[2] = 9"],
+        ),
+        (
+            "out dtype differs from x",
+            none(),
+            Box::new(|d| d.out = out_f32.desc()),
+            DTYPE,
+            &["out.dtype = float32"],
+        ),
+        (
+            "out dtype",
+            none(),
+            Box::new(|d| d.out = out_int.desc()),
+            DTYPE,
+            &["out.dtype = int32"],
+        ),
+        (
+            "state N",
+            none(),
+            Box::new(|d| d.state = Some(state_n.desc())),
+            INVALID,
+            &["state.shape[3] = 9"],
+        ),
+        (
+            "state P",
+            none(),
+            Box::new(|d| d.state = Some(state_p.desc())),
+            INVALID,
+            &["state.shape[2] = 9"],
+        ),
+        (
+            "state NH",
+            none(),
+            Box::new(|d| d.state = Some(state_h.desc())),
+            INVALID,
+            &["state.shape[1] = 3"],
+        ),
+        (
+            "state ndim",
+            none(),
+            Box::new(|d| d.state = Some(state_3d.desc())),
+            INVALID,
+            &["state.ndim = 3"],
+        ),
+        (
+            "state dtype",
+            none(),
+            Box::new(|d| d.state = Some(state_int.desc())),
+            DTYPE,
+            &["state.dtype = int32"],
+        ),
+        (
+            "dt_min NaN",
+            none(),
+            Box::new(|d| d.dt_min = f32::NAN),
+            INVALID,
+            &["dt_min"],
+        ),
+        (
+            "dt_max NaN",
+            none(),
+            Box::new(|d| d.dt_max = f32::NAN),
+            INVALID,
+            &["dt_max"],
+        ),
+        (
+            "dt_min > dt_max",
+            none(),
+            Box::new(|d| {
+                d.dt_min = 0.5;
+                d.dt_max = 0.25
+            }),
+            INVALID,
+            &["dt_min", "0.5"],
+        ),
+        (
+            "dt_min = inf > dt_max = -inf",
+            none(),
+            Box::new(|d| {
+                d.dt_min = f32::INFINITY;
+                d.dt_max = f32::NEG_INFINITY
+            }),
+            INVALID,
+            &["dt_min"],
+        ),
+        (
+            "flags 2",
+            none(),
+            Box::new(|d| d.flags = 2),
+            INVALID,
+            &["flags"],
+        ),
+        (
+            "flags high bit",
+            none(),
+            Box::new(|d| d.flags = SSMK_MAMBA2_DT_SOFTPLUS | 1 << 31),
+            INVALID,
+            &["flags"],
+        ),
+        (
+            "init without state",
+            none(),
+            Box::new(|d| d.state = None),
+            INVALID,
+            &["has_initial_state[0]"],
+        ),
+        (
+            "slot range",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[1, 4]))),
+            keep(),
+            OOB,
+            &["state_indices[1] = 4"],
+        ),
+        (
+            "slot negative",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I64, &[1, -2]))),
+            keep(),
+            OOB,
+            &["state_indices[1] = -2"],
+        ),
+        (
+            "duplicate slots",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[2, 2]))),
+            keep(),
+            INVALID,
+            &["state_indices"],
+        ),
+        (
+            "indices length",
+            Box::new(|p| p.idx = Some(Tensor::ints(DType::I32, &[2]))),
+            keep(),
+            INVALID,
+            &["state_indices.shape[0] = 1"],
+        ),
+        (
+            "2-D indices",
+            Box::new(|p| p.idx = Some(Tensor::zeros(DType::I32, &[2, 2]))),
+            keep(),
+            INVALID,
+            &["state_indices.ndim = 2"],
+        ),
+        (
+            "indices dtype",
+            Box::new(|p| p.idx = Some(Tensor::zeros(DType::F32, &[2]))),
+            keep(),
+            DTYPE,
+            &["state_indices.dtype"],
+        ),
+        (
+            "init length",
+            Box::new(|p| p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 0]))),
+            keep(),
+            INVALID,
+            &["has_initial_state.shape[0] = 3"],
+        ),
+        (
+            "cu decreasing",
+            Box::new(|p| p.cu = Some(Tensor::ints(DType::I32, &[0, 5, 4]))),
+            keep(),
+            INVALID,
+            &["cu_seqlens[2]"],
+        ),
+        (
+            "cu beyond T",
+            Box::new(|p| p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 8]))),
+            keep(),
+            OOB,
+            &["cu_seqlens[2] = 8"],
+        ),
+        (
+            "x NULL data",
+            none(),
+            Box::new(|d| d.x.data = std::ptr::null_mut()),
+            SSMK_ERR_NULL_POINTER,
+            &["x.data is NULL"],
+        ),
+        (
+            "device",
+            none(),
+            Box::new(|d| d.dt.device.device_type = 2),
+            SSMK_ERR_UNSUPPORTED_DEVICE,
+            &["dt.device"],
+        ),
+        (
+            "out overlaps x",
+            none(),
+            Box::new(|d| d.out.data = d.x.data),
+            ALIAS,
+            &["out", "x"],
+        ),
+        (
+            "out overlaps dt",
+            none(),
+            Box::new(|d| d.out.data = d.dt.data),
+            ALIAS,
+            &["out bytes"],
+        ),
+        (
+            "out overlaps A",
+            none(),
+            Box::new(|d| d.out.data = d.a.data),
+            ALIAS,
+            &["out bytes"],
+        ),
+        (
+            "out overlaps B",
+            none(),
+            Box::new(|d| d.out.data = d.b.data),
+            ALIAS,
+            &["out bytes"],
+        ),
+        (
+            "out overlaps C",
+            none(),
+            Box::new(|d| d.out.data = d.c.data),
+            ALIAS,
+            &["out bytes"],
+        ),
+        (
+            "out overlaps D",
+            none(),
+            Box::new(|d| d.out.data = d.d.unwrap().data),
+            ALIAS,
+            &["out bytes"],
+        ),
+        (
+            "out overlaps z",
+            none(),
+            Box::new(|d| d.out.data = d.z.unwrap().data),
+            ALIAS,
+            &["out bytes"],
+        ),
+        (
+            "out overlaps dt_bias",
+            none(),
+            Box::new(|d| d.out.data = d.dt_bias.unwrap().data),
+            ALIAS,
+            &["out bytes"],
+        ),
+        (
+            "out self-overlap",
+            none(),
+            Box::new(|d| d.out.strides = out_self_overlap.as_ptr()),
+            ALIAS,
+            &["out"],
+        ),
+        (
+            "state overlaps x",
+            none(),
+            Box::new(|d| d.state.as_mut().unwrap().data = d.x.data),
+            ALIAS,
+            &["state bytes"],
+        ),
+        (
+            "state overlaps C",
+            none(),
+            Box::new(|d| d.state.as_mut().unwrap().data = d.c.data),
+            ALIAS,
+            &["state bytes"],
+        ),
+        (
+            "state overlaps out",
+            none(),
+            Box::new(|d| d.state.as_mut().unwrap().data = d.out.data),
+            ALIAS,
+            &["state bytes"],
+        ),
+        (
+            "state self-overlap",
+            none(),
+            Box::new(|d| d.state.as_mut().unwrap().strides = state_self_overlap.as_ptr()),
+            ALIAS,
+            &["state"],
+        ),
+        (
+            "spec n > Smax",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::ints(DType::I32, &[5, 1]))
+            }),
+            keep(),
+            INVALID,
+            &["num_accepted_tokens[0] = 5"],
+        ),
+        (
+            "spec n < 0",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::ints(DType::I64, &[-1, 1]))
+            }),
+            keep(),
+            INVALID,
+            &["num_accepted_tokens[0] = -1"],
+        ),
+        (
+            "spec accepted dtype",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::zeros(DType::F32, &[2]))
+            }),
+            keep(),
+            DTYPE,
+            &["num_accepted_tokens.dtype"],
+        ),
+        (
+            "spec accepted length",
+            Box::new(|p| {
+                *p = spec();
+                p.accepted = Some(Tensor::ints(DType::I32, &[1, 1, 1]))
+            }),
+            keep(),
+            INVALID,
+            &["num_accepted_tokens.shape[0] = 3"],
+        ),
+        (
+            "spec too long",
+            Box::new(|p| {
+                *p = spec();
+                p.cu = Some(Tensor::ints(DType::I32, &[0, 5, 7]))
+            }),
+            keep(),
+            INVALID,
+            &["sequence 0", "5"],
+        ),
+        (
+            "spec 1-D indices",
+            Box::new(|p| {
+                *p = spec();
+                p.idx = Some(Tensor::ints(DType::I32, &[0, 1]))
+            }),
+            keep(),
+            INVALID,
+            &["state_indices.ndim = 1"],
+        ),
+        (
+            "spec NULL indices",
+            Box::new(|p| {
+                *p = spec();
+                p.idx = None
+            }),
+            keep(),
+            SSMK_ERR_NULL_POINTER,
+            &["state_indices"],
+        ),
+        (
+            "spec write slot range",
+            Box::new(|p| {
+                *p = spec();
+                p.idx.as_mut().unwrap().set(&[0, 2], 9.0)
+            }),
+            keep(),
+            OOB,
+            &["state_indices[0][2] = 9"],
+        ),
+        (
+            "spec duplicate writes",
+            Box::new(|p| {
+                *p = spec();
+                p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
+                let i = p.idx.as_mut().unwrap();
+                for (c, v) in [4.0, 5.0, 2.0, 6.0].into_iter().enumerate() {
+                    i.set(&[1, c], v);
+                }
+            }),
+            keep(),
+            INVALID,
+            &["state_indices"],
+        ),
+        (
+            "spec read of another's write",
+            Box::new(|p| {
+                *p = spec();
+                p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 5]));
+                p.init = Some(Tensor::ints(DType::Bool, &[1, 1]));
+                p.accepted = Some(Tensor::ints(DType::I32, &[1, 3]));
+                let i = p.idx.as_mut().unwrap();
+                for (c, v) in [4.0, 5.0, 0.0, 7.0].into_iter().enumerate() {
+                    i.set(&[1, c], v);
+                }
+                p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
+            }),
+            keep(),
+            INVALID,
+            &["slot 0"],
+        ),
+    ];
+    for (name, setup, edit, status, fragments) in cases {
+        let mut p = base();
+        setup(&mut p);
+        let out_before = p.out.bytes();
+        let state_before = p.state.as_ref().map(|s| s.bytes());
+        let code = p.call_mut(edit, |d| unsafe { export(std::ptr::null(), d) });
+        let msg = common::last_error();
+        assert_eq!(
+            code, status,
+            "{name}: status {code}, expected {status}: {msg}"
+        );
+        for f in fragments {
+            assert!(msg.contains(f), "{name}: message {msg:?} lacks {f:?}");
+        }
+        assert!(p.out.bytes() == out_before, "{name}: out was written");
+        assert!(
+            p.state.as_ref().map(|s| s.bytes()) == state_before,
+            "{name}: state was written"
+        );
+    }
+
+    // The accepted corner values: no limit, dt_min == dt_max, flags 0 and optional tensors NULL.
+    for (lo, hi, flags) in [
+        (f32::NEG_INFINITY, f32::INFINITY, 0),
+        (0.01, 0.01, SSMK_MAMBA2_DT_SOFTPLUS),
+        (f32::NEG_INFINITY, 0.1, 0),
+    ] {
+        let mut p = base();
+        p.dt_min = lo;
+        p.dt_max = hi;
+        p.flags = flags;
+        p.d = None;
+        p.z = None;
+        p.dt_bias = None;
+        let exp = reference(&p, &plain_seqs(&p));
+        let mut a = p.clone();
+        a.run(Path::Auto, std::ptr::null(), "accepted corner values");
+        verify(&p, &a, &exp, &format!("limits ({lo}, {hi}) flags {flags}"));
+    }
+}
+
+/// A NULL required descriptor is SSMK_ERR_NULL_POINTER naming it, with nothing written.
+#[test]
+fn null_required_pointers() {
+    let mut p = Scan::new(950, 5, (2, 4, 1, 4), Opts::all(DType::F32, DType::F32), 2);
+    let (out_before, state_before) = (p.out.bytes(), p.state.as_ref().unwrap().bytes());
+    for (k, name) in ["x", "dt", "A", "B", "C", "out"].into_iter().enumerate() {
+        let code = p.call_mut(
+            |_| {},
+            |d| {
+                let nul = std::ptr::null::<ssmk_tensor>();
+                let pick = |i: usize, t: &ssmk_tensor| if i == k { nul } else { t as *const _ };
+                unsafe {
+                    ssmk_mamba2_scan(
+                        std::ptr::null(),
+                        pick(0, &d.x),
+                        pick(1, &d.dt),
+                        pick(2, &d.a),
+                        pick(3, &d.b),
+                        pick(4, &d.c),
+                        ptr(&d.d),
+                        ptr(&d.z),
+                        ptr(&d.dt_bias),
+                        d.dt_min,
+                        d.dt_max,
+                        d.flags,
+                        ptr_mut(&d.state),
+                        ptr(&d.cu),
+                        ptr(&d.idx),
+                        ptr(&d.init),
+                        ptr(&d.accepted),
+                        PAD,
+                        pick(5, &d.out).cast_mut(),
+                    )
+                }
+            },
+        );
+        assert_error(code, SSMK_ERR_NULL_POINTER, &[&format!("{name} is NULL")]);
+        assert!(p.out.bytes() == out_before && p.state.as_ref().unwrap().bytes() == state_before);
+    }
+}

@@ -7,19 +7,30 @@
 //! the softplus flag `dt_bias = ln(e^d0 - 1)` for `d0` log-uniform in [1e-3, 0.1] and raw
 //! `dt ~ N(0, 0.5)`; without it `dt` is `d0 * e^N(0, 0.5)` directly); x, B, C ~ U[-1, 1],
 //! z ~ U[-3, 3], D ~ U[-1, 1], initial states U[-0.5, 0.5]. One family drives `A d` to about -20
-//! per token on half the heads (decays that underflow within a chunk) and one feeds softplus raw
-//! `dt` over [-100, 100] (across its threshold of 20 and past f32 `exp` overflow).
+//! per token on half the heads (decays that underflow within a chunk), one feeds softplus raw
+//! `dt` over [-100, 100] (across its threshold of 20 and past f32 `exp` overflow), and both have
+//! a head that decays hard for most of each chunk and then softly (see [`hard_then_soft`]).
 //!
-//! Tolerances (|got - want| <= atol + rtol * |want|, on the output and on every written state):
-//! - f32:  1e-4 + 1e-4 rel (f32 arithmetic; the measured error is ~1e-6 relative);
-//! - f16:  2e-4 + 2e-3 rel (4x its half-ulp of 2^-11, rounded once);
-//! - bf16: 1e-3 + 8e-3 rel (2x its half-ulp of 2^-8 ... see `tol`).
+//! Tolerances, from the storage rounding of each dtype plus f32 accumulation over ~1000 tokens
+//! (a state carries up to ~1/(1-a) decayed terms, so the terms are relative):
+//! - state, `|got - want| <= atol + rtol * |want|`: f32 1e-4 + 1e-4 rel (about 1000 tokens of
+//!   f32 decay and accumulation; measured worst 5e-7); f16 2e-4 + 2e-3 rel (4x its half-ulp
+//!   2^-11, rounded once; measured 0.17 of it); bf16 1e-3 + 8e-3 rel (2x its half-ulp 2^-8;
+//!   measured 0.39 of it).
+//! - out: `atol + rtol * |want| + r * s`, with atol/rtol of out's dtype as above and `s =
+//!   |silu(z)| * ||h_t[p] o C_t||_2` the size of the N state terms the output sums: the output's
+//!   error grows with its terms, not with their possibly cancelling sum. `r` is f32's 1e-4, or the
+//!   state dtype's rtol where the output is computed from a state rounded inside the call's span
+//!   (speculative mode, which rounds after every token; a prefill split over two calls). Measured
+//!   worst: f32 0.017 of the bound, f16 0.24, bf16 0.47 (a single rounding of out is at most 0.49).
+//!   The plain-call bound assumes what the kernel documents: a narrow state is kept in f32 during
+//!   a call and rounded once when stored. The ABI would also allow one rounding per 64-token
+//!   chunk; simulated in the reference, that uses up to 2.8x this output bound on the 1100-token
+//!   bf16-state case (slow heads swamp their per-chunk increments), so such a kernel would need
+//!   `r` = the state's rtol times ~4 for long prefills.
+//! - A prefill split over two calls against one call: twice the above.
 //!
-//! A narrow state may be rounded once per chunk (prefill) or once per token (decode, speculative),
-//! and the output after that point is computed from the rounded state, so the output's tolerance
-//! is the looser of its dtype's and the state's. Comparisons of two kernel results (a split
-//! prefill against one call) take twice the tolerance. Set `MAMBA2_REPORT=1` (with
-//! `--nocapture`) to print the fraction of the tolerance each case uses.
+//! Set `MAMBA2_REPORT=1` (with `--nocapture`) to print the fraction of the bound each case uses.
 mod common;
 
 use std::collections::HashMap;
@@ -610,17 +621,24 @@ fn state_tol(p: &Scan) -> Tol {
 }
 
 /// The allowed error of an output whose reference is `want` with state-term scale `scale`:
-/// its dtype's tolerance plus the state's relative tolerance of the scale (the output is a sum
-/// of `N` state terms, so the state's rounding and the f32 accumulation errors grow with the
-/// terms, not with their possibly cancelling sum).
-fn out_bound(p: &Scan, want: f64, scale: f64) -> f64 {
+/// its dtype's tolerance plus a relative tolerance of the scale (the output is a sum of `N`
+/// state terms, so accumulation errors grow with the terms, not with their possibly cancelling
+/// sum). That relative tolerance is f32's, or the state's when `rounded_state`: where the output
+/// is computed from a state rounded to its dtype inside the call's span (speculative decode
+/// rounds after every token; a prefill split over two calls rounds at the split).
+fn out_bound(p: &Scan, want: f64, scale: f64, rounded_state: bool) -> f64 {
     let t = tol(p.out.dtype);
-    t.atol + t.rtol * want.abs() + state_tol(p).rtol * scale
+    let st = if rounded_state {
+        state_tol(p)
+    } else {
+        tol(DType::F32)
+    };
+    t.atol + t.rtol * want.abs() + st.rtol * scale
 }
 
-/// [`Tol::ratio`] for an output.
+/// [`Tol::ratio`] for an output of `p` (its state rounded inside the call in speculative mode).
 fn out_ratio(p: &Scan, got: f64, want: f64, scale: f64) -> f64 {
-    let r = (got - want).abs() / out_bound(p, want, scale);
+    let r = (got - want).abs() / out_bound(p, want, scale, p.accepted.is_some());
     if r.is_nan() { f64::INFINITY } else { r }
 }
 
@@ -779,16 +797,17 @@ fn batch_case(seed: u64, lens: &[usize], dims: (usize, usize, usize, usize), o: 
     p
 }
 
-/// Head `h` of every sequence decays hard (`A = -16`, `d = big`) for the first 48 tokens of each
-/// 64-token stretch and barely (`d = small`) for the other 16: the state after a run of hard
-/// decays must come out of the chunk's (large) cumulative log-decay as accurately as from the
-/// recurrence. Needs a case without softplus, dt_bias or clamp (`dt` is then `d`).
+/// Head `h` of every sequence decays hard (`A = -16`, `d = big`) for the first 56 tokens of each
+/// 64-token stretch and barely (`d = small`) for the other 8: the outputs after a run of hard
+/// decays must be as accurate as the recurrence's, although the chunk's cumulative log-decay is
+/// then large (a difference of two f32 cumulative sums would be off by their ulp, ~1e-4 at
+/// -1100). Needs a case without softplus, dt_bias or clamp (`dt` is then `d`).
 fn hard_then_soft(p: &mut Scan, h: usize, big: f64, small: f64) {
     assert!(p.flags == 0 && p.dt_bias.is_none() && p.dt_min == f32::NEG_INFINITY);
     p.a.set(&[h], -16.0);
     for s in plain_seqs(p) {
         for k in 0..s.len {
-            let d = if k % 64 < 48 { big } else { small };
+            let d = if k % 64 < 56 { big } else { small };
             p.dt.set(&[s.start + k, h], d);
         }
     }
@@ -828,21 +847,24 @@ const SHAPES: [(usize, usize, usize, usize); 7] = [
     (16, 8, 4, 16),
 ];
 
-/// Every seq-len list x head shape, each case taking the next combination of D, z, dt_bias,
-/// softplus and a finite clamp and of the five dtypes (see [`Opts::rotate`]); both paths; one case
-/// in 7 in the small-shape mode.
+/// Every seq-len list x head shape, twice, each case taking the next combination of D, z, dt_bias,
+/// softplus and a finite clamp and of the five dtypes (see [`Opts::rotate`]); both paths; one
+/// pass and one case in 7 in the small-shape mode.
 #[test]
 fn every_isa_matches_reference() {
     let mut case = 0u64;
-    for (s, &dims) in SHAPES.iter().enumerate() {
-        for (l, lens) in SEQ_LEN_LISTS.iter().enumerate() {
-            case += 1;
-            if !common::sampled(case, 7) {
-                continue;
+    for pass in 0..2 {
+        for (s, &dims) in SHAPES.iter().enumerate() {
+            for (l, lens) in SEQ_LEN_LISTS.iter().enumerate() {
+                case += 1;
+                // The second pass (other data, the next combinations) runs in the full mode only.
+                if !common::sampled(case, 7) || (pass == 1 && common::small_shapes()) {
+                    continue;
+                }
+                let o = Opts::rotate(13 * s + l + 17 * pass);
+                let p = batch_case(case, lens, dims, o);
+                run_and_verify(&p, &format!("lens {lens:?} dims {dims:?} {o:?}"));
             }
-            let o = Opts::rotate(13 * s + l);
-            let p = batch_case(case, lens, dims, o);
-            run_and_verify(&p, &format!("lens {lens:?} dims {dims:?} {o:?}"));
         }
     }
 }
@@ -913,7 +935,7 @@ fn every_isa_large_decays_match_reference() {
             &format!("large decays lens {lens:?} dims {dims:?} {o:?}"),
         );
     }
-    // 48 tokens at -20 per token, then 16 at -0.016: cumulative log-decays near -1000 in a chunk.
+    // 56 tokens at -20 per token, then 8 at -0.016: cumulative log-decays past -1100 in a chunk.
     for (i, act) in [DType::F32, DType::BF16].into_iter().enumerate() {
         let o = Opts {
             bias: false,
@@ -948,7 +970,7 @@ fn every_isa_extreme_dt_matches_reference() {
         (p.dt_min, p.dt_max) = limits;
         run_and_verify(&p, &format!("extreme dt, bias {bias}, limits {limits:?}"));
     }
-    // 48 tokens at A d = -1600, then 16 at -0.03 (cumulative log-decays near -77000 in a chunk).
+    // 56 tokens at A d = -1600, then 8 at -0.03 (cumulative log-decays near -90000 in a chunk).
     let o = Opts {
         bias: false,
         softplus: false,
@@ -974,7 +996,6 @@ fn every_isa_strided_views_match_reference() {
         };
         let mut s = batch_case(80 + variant as u64, &[2, 67, 1], (nh, p, g, n), o);
         let t = s.t;
-        let slots = s.state.as_ref().unwrap().shape[0] as usize;
         s.x = restride(&s.x, &[nh * (p + 4), p + 4, 1]);
         s.dt = restride(&s.dt, &[1, t]);
         s.b = restride(&s.b, &[g * 32, 32, 1]);
@@ -994,7 +1015,6 @@ fn every_isa_strided_views_match_reference() {
         } else {
             restride(&s.out, &[nh * p * 2, p * 2, 2])
         };
-        assert_eq!(slots, 5);
         run_and_verify(&s, &format!("strided views, variant {variant}"));
     }
 }
@@ -1036,7 +1056,7 @@ fn two_calls_equal_one_call() {
             two.run(Path::Auto, std::ptr::null(), &what);
             let mut worst = Worst::new();
             for (j, (a, b)) in values(&two.out).iter().zip(values(&one.out)).enumerate() {
-                let r = (a - b).abs() / (2.0 * out_bound(&one, b, scale[j]));
+                let r = (a - b).abs() / (2.0 * out_bound(&one, b, scale[j], true));
                 worst.add(if r.is_nan() { f64::INFINITY } else { r }, || {
                     format!("{} {a} vs one call {b}", out_pos(&one, j))
                 });
@@ -1204,6 +1224,10 @@ fn every_isa_speculative_matches_reference() {
     .into_iter()
     .enumerate()
     {
+        // Mamba-2-sized heads over a 44-slot pool: mostly state traffic, full mode only.
+        if dims.0 == 8 && common::small_shapes() {
+            continue;
+        }
         let o = Opts {
             state,
             ..Opts::rotate(7 * i + 3)
@@ -1217,14 +1241,22 @@ fn every_isa_speculative_matches_reference() {
     }
 }
 
-/// Pad slots give zero rows and leave the pool alone; zero-length sequences write their initial
-/// state back (zeros without one); NULL `has_initial_state` and NULL `state_indices`; NULL
-/// `state` (any non-pad slot then goes); calls with no tokens.
+/// Pad slots give zero rows and leave the pool alone; tokens outside every sequence are not
+/// touched; zero-length sequences write their initial state back (zeros without one); NULL
+/// `has_initial_state` and NULL `state_indices`; NULL `state` (any non-pad slot then goes);
+/// calls with no tokens.
 #[test]
 fn padding_null_arguments_and_empty_sequences() {
     let dims = (4, 16, 2, 24);
     let lens = [4usize, 0, 66, 0, 1, 130];
-    let mut p = Scan::new(600, lens.iter().sum(), dims, Opts::rotate(9), 7).with_seqs(&lens);
+    // Tokens 0..3 and the last 2 belong to no sequence: untouched.
+    let t = lens.iter().sum::<usize>() + 5;
+    let mut p = Scan::new(600, t, dims, Opts::rotate(9), 7);
+    let mut cu = vec![3i64];
+    for &l in &lens {
+        cu.push(cu.last().unwrap() + l as i64);
+    }
+    p.cu = Some(Tensor::ints(DType::I64, &cu));
     p.state = Some(filled(
         DType::BF16,
         &[7, 4, 16, 24],
@@ -1233,7 +1265,7 @@ fn padding_null_arguments_and_empty_sequences() {
         0.5,
     ));
     p.idx = Some(Tensor::ints(DType::I32, &[PAD, 4, 2, 0, PAD, 5]));
-    p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 1, 0, 1, 1]));
+    p.init = Some(Tensor::ints(DType::I64, &[1, 1, 1, 0, 1, 1]));
     let exp = reference(&p, &plain_seqs(&p));
     for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
         let mut a = p.clone();

@@ -11,7 +11,8 @@
 
 use half::{bf16, f16};
 
-use crate::dtype::Element;
+use crate::dtype::{DType, Element};
+use crate::kernels::strided::{load_row, store_row};
 
 /// Vector operations on `LANES` f32 lanes. All methods are `unsafe`: the caller guarantees the
 /// CPU supports the implementation's ISA and that pointers cover `LANES` elements.
@@ -146,6 +147,54 @@ pub(crate) unsafe fn exp_into<S: Simd>(x: &[f32], out: &mut [f32]) {
             out[i..].copy_from_slice(&res[..n - i]);
         }
     }
+}
+
+/// Loads `dst.len()` elements spaced `stride` apart as f32: whole vectors when contiguous, the
+/// tail (and strided rows) element by element, so nothing past the row is read.
+///
+/// # Safety
+/// The CPU supports `S`; every element `p + i*stride` (`i < dst.len()`) is readable.
+#[inline(always)]
+pub(crate) unsafe fn load_row_simd<S: Simd>(
+    p: *const u8,
+    dtype: DType,
+    stride: usize,
+    dst: &mut [f32],
+) {
+    if stride != 1 {
+        return unsafe { load_row(p, dtype, stride, dst) };
+    }
+    let full = dst.len() / S::LANES * S::LANES;
+    crate::with_float_type!(dtype, E => unsafe {
+        let src = p.cast::<E>();
+        for i in (0..full).step_by(S::LANES) {
+            S::store_f32(dst.as_mut_ptr().add(i), E::load::<S>(src.add(i)));
+        }
+        for i in full..dst.len() {
+            dst[i] = (*src.add(i)).to_f32();
+        }
+    })
+}
+
+/// Stores `src` to elements spaced `stride` apart, rounded to `dtype` (as [`load_row_simd`]).
+///
+/// # Safety
+/// The CPU supports `S`; every element `p + i*stride` (`i < src.len()`) is writable.
+#[inline(always)]
+pub(crate) unsafe fn store_row_simd<S: Simd>(p: *mut u8, dtype: DType, stride: usize, src: &[f32]) {
+    if stride != 1 {
+        return unsafe { store_row(p, dtype, stride, src) };
+    }
+    let full = src.len() / S::LANES * S::LANES;
+    crate::with_float_type!(dtype, E => unsafe {
+        let dst = p.cast::<E>();
+        for i in (0..full).step_by(S::LANES) {
+            E::store::<S>(dst.add(i), S::load_f32(src.as_ptr().add(i)));
+        }
+        for i in full..src.len() {
+            *dst.add(i) = E::from_f32(src[i]);
+        }
+    })
 }
 
 /// A float storage type the SIMD layer can load and store.

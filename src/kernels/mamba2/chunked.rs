@@ -13,11 +13,13 @@
 
 use super::recurrent::finish_row;
 use super::{CHUNK, Scan};
-use crate::kernels::chunking::Chunk;
+use crate::kernels::chunking::{Chunk, TaskBuffer};
+use crate::kernels::gdn::gating::softplus_v;
 use crate::kernels::gemm::{MatA, gemm};
-use crate::kernels::simd::{Simd, exp_into};
-use crate::kernels::strided::{load_row, read_f32, store_row, write_f32};
+use crate::kernels::simd::{Simd, exp_into, load_row_simd, store_row_simd};
+use crate::kernels::strided::{load_row, prefetch, read_f32, write_f32};
 use crate::kernels::{Sequence, StateWrite};
+use std::ops::Range;
 
 const L: usize = CHUNK;
 
@@ -83,14 +85,34 @@ pub unsafe fn intra<S: Simd>(
             col_stride: 1,
         };
         gemm::<S>(m, m, nd, c_rows, bt, L, cb, L, false, false);
+        // Pass 2 reads rows in whole vectors: the columns past a short chunk must be numbers.
+        for i in 0..m {
+            std::slice::from_raw_parts_mut(cb.add(i * L + m), L - m).fill(0.0);
+        }
     }
 }
 
-/// Pass 2: the chunks of `seq` (all of it) for head `h`, in order, through its state.
+/// Per-chunk buffers of pass 2, reused by every head and chunk of a task.
+struct Work<'a> {
+    /// The chunk's x `[L][P]`, x scaled for the state update, outputs, z, the masked `C B^T`.
+    x: &'a mut [f32],
+    xs: &'a mut [f32],
+    y: &'a mut [f32],
+    z: &'a mut [f32],
+    masked: &'a mut [f32],
+    /// Steps `d`, their cumulative `d A`, segment sums, exponentials.
+    step: [f32; L],
+    cs: [f32; L],
+    tmp: [f32; L],
+    e: [f32; L],
+}
+
+/// Pass 2: the chunks of `seq` (all of it) for heads `heads` (one group), in order, each chunk
+/// for every head before the next, so its pass-1 scratch is read from cache.
 ///
 /// # Safety
-/// As for [`super::mamba2_scan`]; pass 1 stored every chunk of `seq` for `h`'s group; the CPU
-/// supports `S`.
+/// As for [`super::mamba2_scan`]; pass 1 stored every chunk of `seq` for the heads' group; the
+/// CPU supports `S`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn inter<S: Simd>(
@@ -100,157 +122,304 @@ pub unsafe fn inter<S: Simd>(
     seq: &Sequence,
     first: usize,
     chunks: &[Chunk],
-    h: usize,
+    heads: Range<usize>,
 ) {
     let (pd, nd) = (args.head_dim, args.state_dim);
-    let g = args.group(h);
-    let a = args.a[h];
-    // hT [N][P], the chunk's x [L][P], x scaled for the state update, outputs, the masked C B^T.
-    let mut state_t = vec![0f32; nd * pd];
-    let mut x = vec![0f32; L * pd];
-    let mut xs = vec![0f32; L * pd];
-    let mut y = vec![0f32; L * pd];
-    let mut z = vec![0f32; if args.z.is_some() { L * pd } else { 0 }];
-    let mut masked = vec![0f32; L * L];
-    let (mut step, mut cs, mut tmp, mut e) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
-    let mut have_state = seq.read.is_some();
-    if let Some(slot) = seq.read {
-        unsafe { load_transposed(args, slot, h, &mut state_t) };
-    }
-    for (ci, chunk) in chunks.iter().enumerate() {
-        let m = chunk.len;
-        let (cf, bt, cb) = layout.group(base, first + ci, g);
-        unsafe {
-            let mut sum = 0f32;
-            for i in 0..m {
-                let t = chunk.start + i;
-                step[i] = args.step(t, h);
-                sum += step[i] * a;
-                cs[i] = sum;
-                load_row(
-                    args.x.at(&[t, h]),
-                    args.x.dtype,
-                    args.x.strides[2],
-                    &mut x[i * pd..(i + 1) * pd],
-                );
-                if let Some(zt) = &args.z {
-                    load_row(
-                        zt.at(&[t, h]),
-                        zt.dtype,
-                        zt.strides[2],
-                        &mut z[i * pd..(i + 1) * pd],
-                    );
-                }
+    let size = nd * pd;
+    let z_size = if args.z.is_some() { L * pd } else { 0 };
+    let floats = heads.len() * size + 3 * L * pd + z_size + L * L;
+    let mut buf = TaskBuffer::take(floats);
+    {
+        // hT [N][P] of each head, then the chunk buffers.
+        let (states, rest) = buf.split_at_mut(heads.len() * size);
+        let (x, rest) = rest.split_at_mut(L * pd);
+        let (xs, rest) = rest.split_at_mut(L * pd);
+        let (y, rest) = rest.split_at_mut(L * pd);
+        let (z, masked) = rest.split_at_mut(z_size);
+        let mut work = Work {
+            x,
+            xs,
+            y,
+            z,
+            masked,
+            step: [0f32; L],
+            cs: [0f32; L],
+            tmp: [0f32; L],
+            e: [0f32; L],
+        };
+        if let Some(slot) = seq.read {
+            for (k, h) in heads.clone().enumerate() {
+                unsafe { load_transposed(args, slot, h, &mut states[k * size..(k + 1) * size]) };
             }
-            // masked[i][j] = (C_i . B_j) e^(cs_i - cs_j) d_j for j <= i, zero above the diagonal,
-            // with each exponent summed over its own segment, `d_(j+1) A + .. + d_i A`: the
-            // difference of two cumulative sums would carry their rounding, `|cs| eps` per term,
-            // far more than the segment's own when a head decays hard and then softly.
-            for i in 0..m {
-                tmp[i] = 0.0;
-                for j in (0..i).rev() {
-                    tmp[j] = tmp[j + 1] + step[j + 1] * a;
+        }
+        for (ci, chunk) in chunks.iter().enumerate() {
+            let have_state = ci > 0 || seq.read.is_some();
+            for (k, h) in heads.clone().enumerate() {
+                // The x rows of the next head (or chunk) are a page apart per token, where the
+                // hardware prefetchers stop: ask for them while this one computes.
+                match (h + 1 < heads.end, chunks.get(ci + 1)) {
+                    (true, _) => prefetch_x(args, *chunk, h + 1),
+                    (false, Some(next)) => prefetch_x(args, *next, heads.start),
+                    (false, None) => {}
                 }
-                exp_into::<S>(&tmp[..=i], &mut e[..=i]);
-                let row = &mut masked[i * L..i * L + m];
-                for j in 0..=i {
-                    row[j] = *cb.add(i * L + j) * e[j] * step[j];
-                }
-                row[i + 1..].iter_mut().for_each(|v| *v = 0.0);
-            }
-            // Y = e^cs o (C hT), then Y += masked X.
-            if have_state {
-                let c_rows = MatA {
-                    ptr: cf,
-                    row_stride: nd,
-                    col_stride: 1,
+                let state_t = &mut states[k * size..(k + 1) * size];
+                unsafe {
+                    chunk_head::<S>(
+                        args,
+                        layout,
+                        base,
+                        first + ci,
+                        *chunk,
+                        h,
+                        state_t,
+                        have_state,
+                        &mut work,
+                    )
                 };
-                gemm::<S>(
-                    m,
-                    pd,
-                    nd,
-                    c_rows,
-                    state_t.as_ptr(),
-                    pd,
-                    y.as_mut_ptr(),
-                    pd,
-                    false,
-                    false,
-                );
-                exp_into::<S>(&cs[..m], &mut e[..m]);
-                for i in 0..m {
-                    y[i * pd..(i + 1) * pd].iter_mut().for_each(|v| *v *= e[i]);
-                }
             }
-            let mask_rows = MatA {
-                ptr: masked.as_ptr(),
-                row_stride: L,
+        }
+        if let StateWrite::Final(slot) = seq.write {
+            for (k, h) in heads.enumerate() {
+                unsafe { store_transposed(args, slot, h, &states[k * size..(k + 1) * size]) };
+            }
+        }
+    }
+}
+
+/// One chunk of one head: its outputs, and `state_t` (`hT [N][P]`, zero unless `have_state`)
+/// carried to the chunk's end.
+///
+/// # Safety
+/// As for [`inter`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk_head<S: Simd>(
+    args: &Scan,
+    layout: &Layout,
+    base: *mut f32,
+    c: usize,
+    chunk: Chunk,
+    h: usize,
+    state_t: &mut [f32],
+    have_state: bool,
+    work: &mut Work,
+) {
+    let (pd, nd, m) = (args.head_dim, args.state_dim, chunk.len);
+    let a = args.a[h];
+    let (cf, bt, cb) = layout.group(base, c, args.group(h));
+    let Work {
+        x,
+        xs,
+        y,
+        z,
+        masked,
+        step,
+        cs,
+        tmp,
+        e,
+    } = work;
+    let (x, xs, y, z, masked) = (&mut **x, &mut **xs, &mut **y, &mut **z, &mut **masked);
+    unsafe {
+        steps::<S>(args, chunk, h, step);
+        let mut sum = 0f32;
+        for i in 0..m {
+            let t = chunk.start + i;
+            sum += step[i] * a;
+            cs[i] = sum;
+            load_row_simd::<S>(
+                args.x.at(&[t, h]),
+                args.x.dtype,
+                args.x.strides[2],
+                &mut x[i * pd..(i + 1) * pd],
+            );
+            if let Some(zt) = &args.z {
+                load_row_simd::<S>(
+                    zt.at(&[t, h]),
+                    zt.dtype,
+                    zt.strides[2],
+                    &mut z[i * pd..(i + 1) * pd],
+                );
+            }
+        }
+        // masked[i][j] = (C_i . B_j) e^(cs_i - cs_j) d_j for j <= i, zero above the diagonal,
+        // with each exponent summed over its own segment, `seg[j] = d_(j+1) A + .. + d_i A`
+        // (row i is row i-1 plus `d_i A`): the difference of two cumulative sums would carry
+        // their rounding, `|cs| eps` per term, far more than the segment's own when a head decays
+        // hard and then softly.
+        let lanes = S::LANES;
+        tmp.iter_mut().for_each(|v| *v = 0.0);
+        for i in 0..m {
+            let da = S::splat(step[i] * a);
+            let row = masked.as_mut_ptr().add(i * L);
+            let mut j = 0;
+            while j <= i {
+                let seg = tmp.as_mut_ptr().add(j);
+                // Columns j..=i-1 gain this token's decay; column i starts its segment at 0.
+                let grown = S::add(S::load_f32(seg), da);
+                S::store_f32(seg, grown);
+                let weight = S::mul(S::load_f32(step.as_ptr().add(j)), S::exp(grown));
+                S::store_f32(row.add(j), S::mul(S::load_f32(cb.add(i * L + j)), weight));
+                j += lanes;
+            }
+            // Undo the decay on columns >= i (column i's segment is empty) and clear the row
+            // right of the diagonal.
+            for jj in i..j.min(L) {
+                tmp[jj] = 0.0;
+            }
+            *row.add(i) = *cb.add(i * L + i) * step[i];
+            for jj in i + 1..m {
+                *row.add(jj) = 0.0;
+            }
+        }
+        // Y = e^cs o (C hT), then Y += masked X.
+        if have_state {
+            let c_rows = MatA {
+                ptr: cf,
+                row_stride: nd,
                 col_stride: 1,
             };
             gemm::<S>(
                 m,
                 pd,
-                m,
-                mask_rows,
-                x.as_ptr(),
+                nd,
+                c_rows,
+                state_t.as_ptr(),
                 pd,
                 y.as_mut_ptr(),
                 pd,
-                have_state,
-                true,
-            );
-            let out = &args.out;
-            for i in 0..m {
-                let rows = i * pd..(i + 1) * pd;
-                let zi = args.z.as_ref().map(|_| &z[rows.clone()]);
-                finish_row::<S>(&mut y[rows.clone()], &x[rows.clone()], zi, args.d[h]);
-                store_row(
-                    out.at(&[chunk.start + i, h]),
-                    out.dtype,
-                    out.strides[2],
-                    &y[rows],
-                );
-            }
-            // hT = e^(cs_last) hT + B^T (X o e^(cs_last - cs_j) d_j).
-            // The same segment sums for row `m - 1`.
-            tmp[m - 1] = 0.0;
-            for j in (0..m - 1).rev() {
-                tmp[j] = tmp[j + 1] + step[j + 1] * a;
-            }
-            exp_into::<S>(&tmp[..m], &mut e[..m]);
-            for j in 0..m {
-                let w = e[j] * step[j];
-                for p in 0..pd {
-                    xs[j * pd + p] = x[j * pd + p] * w;
-                }
-            }
-            if have_state {
-                let decay = cs[m - 1].exp();
-                state_t.iter_mut().for_each(|v| *v *= decay);
-            }
-            let b_cols = MatA {
-                ptr: bt,
-                row_stride: L,
-                col_stride: 1,
-            };
-            gemm::<S>(
-                nd,
-                pd,
-                m,
-                b_cols,
-                xs.as_ptr(),
-                pd,
-                state_t.as_mut_ptr(),
-                pd,
-                have_state,
+                false,
                 false,
             );
-            have_state = true;
+            exp_into::<S>(&cs[..m], &mut e[..m]);
+            for i in 0..m {
+                scale_row::<S>(&mut y[i * pd..(i + 1) * pd], e[i]);
+            }
+        }
+        let mask_rows = MatA {
+            ptr: masked.as_ptr(),
+            row_stride: L,
+            col_stride: 1,
+        };
+        gemm::<S>(
+            m,
+            pd,
+            m,
+            mask_rows,
+            x.as_ptr(),
+            pd,
+            y.as_mut_ptr(),
+            pd,
+            have_state,
+            true,
+        );
+        let out = &args.out;
+        for i in 0..m {
+            let rows = i * pd..(i + 1) * pd;
+            let zi = args.z.as_ref().map(|_| &z[rows.clone()]);
+            finish_row::<S>(&mut y[rows.clone()], &x[rows.clone()], zi, args.d[h]);
+            store_row_simd::<S>(
+                out.at(&[chunk.start + i, h]),
+                out.dtype,
+                out.strides[2],
+                &y[rows],
+            );
+        }
+        // hT = e^(cs_last) hT + B^T (X o e^(cs_last - cs_j) d_j).
+        // The same segment sums for row `m - 1`.
+        tmp[m - 1] = 0.0;
+        for j in (0..m - 1).rev() {
+            tmp[j] = tmp[j + 1] + step[j + 1] * a;
+        }
+        exp_into::<S>(&tmp[..m], &mut e[..m]);
+        for j in 0..m {
+            let w = e[j] * step[j];
+            let row = j * pd..(j + 1) * pd;
+            xs[row.clone()].copy_from_slice(&x[row.clone()]);
+            scale_row::<S>(&mut xs[row], w);
+        }
+        if have_state {
+            let decay = cs[m - 1].exp();
+            scale_row::<S>(state_t, decay);
+        }
+        let b_cols = MatA {
+            ptr: bt,
+            row_stride: L,
+            col_stride: 1,
+        };
+        gemm::<S>(
+            nd,
+            pd,
+            m,
+            b_cols,
+            xs.as_ptr(),
+            pd,
+            state_t.as_mut_ptr(),
+            pd,
+            have_state,
+            false,
+        );
+    }
+}
+
+/// `row *= w` in `S`'s vectors.
+///
+/// # Safety
+/// The CPU supports `S`.
+#[inline(always)]
+unsafe fn scale_row<S: Simd>(row: &mut [f32], w: f32) {
+    let (l, n) = (S::LANES, row.len());
+    let full = n / l * l;
+    unsafe {
+        let wv = S::splat(w);
+        for i in (0..full).step_by(l) {
+            let p = row.as_mut_ptr().add(i);
+            S::store_f32(p, S::mul(S::load_f32(p), wv));
         }
     }
-    if let StateWrite::Final(slot) = seq.write {
-        unsafe { store_transposed(args, slot, h, &state_t) };
+    row[full..].iter_mut().for_each(|v| *v *= w);
+}
+
+/// Prefetches the x (and z) rows and the steps of `chunk` for head `h`.
+#[inline(always)]
+fn prefetch_x(args: &Scan, chunk: Chunk, h: usize) {
+    let row_bytes = args.head_dim * args.x.dtype.size();
+    for t in chunk.start..chunk.start + chunk.len {
+        prefetch(args.x.at(&[t, h]), row_bytes);
+        if let Some(z) = &args.z {
+            prefetch(z.at(&[t, h]), row_bytes);
+        }
+        prefetch(args.dt.at(&[t, h]), 1);
     }
+}
+
+/// The steps `d` of the chunk's tokens for head `h` (`dt + dt_bias`, softplus, clamp) with `S`'s
+/// vectors; entries past the chunk are 0.
+///
+/// # Safety
+/// As for [`inter`].
+#[inline(always)]
+unsafe fn steps<S: Simd>(args: &Scan, chunk: Chunk, h: usize, step: &mut [f32; L]) {
+    let bias = args.dt_bias[h];
+    for (i, d) in step.iter_mut().enumerate() {
+        *d = match i < chunk.len {
+            true => bias + unsafe { read_f32(args.dt.at(&[chunk.start + i, h]), args.dt.dtype) },
+            false => 0.0,
+        };
+    }
+    let (lo, hi) = unsafe { (S::splat(args.dt_min), S::splat(args.dt_max)) };
+    for i in (0..L).step_by(S::LANES) {
+        unsafe {
+            let p = step.as_mut_ptr().add(i);
+            let mut d = S::load_f32(p);
+            if args.dt_softplus {
+                d = softplus_v::<S>(d);
+            }
+            // max/min return their second operand when either is NaN: a NaN step stays NaN.
+            d = S::min(hi, S::max(lo, d));
+            S::store_f32(p, d);
+        }
+    }
+    step[chunk.len..].iter_mut().for_each(|d| *d = 0.0);
 }
 
 /// Reads `[P][N]` of a state slot into `hT [N][P]`.

@@ -19,25 +19,22 @@ const PREFETCH_ROWS: usize = 4;
 /// # Safety
 /// The CPU supports `S`; `x` and `z` are at least as long as `y`.
 #[inline(always)]
+// `match` rather than `Option::map`: a closure would not inherit the caller's target features.
+#[allow(clippy::manual_map)]
 pub(super) unsafe fn finish_row<S: Simd>(y: &mut [f32], x: &[f32], z: Option<&[f32]>, d: f32) {
-    let l = S::LANES;
-    let (n, dv, one) = unsafe { (y.len(), S::splat(d), S::splat(1.0)) };
-    let vector = |y: S::V, x: S::V, z: Option<S::V>| unsafe {
-        let y = S::fma(dv, x, y);
-        match z {
-            // y z / (1 + e^-z): the clamped exp keeps the denominator finite.
-            Some(z) => S::div(S::mul(y, z), S::add(one, S::exp(S::sub(S::zero(), z)))),
-            None => y,
-        }
-    };
+    let (l, n) = (S::LANES, y.len());
     let mut i = 0;
     unsafe {
         while i + l <= n {
-            let zv = z.map(|z| S::load_f32(z.as_ptr().add(i)));
-            let r = vector(
+            let zv = match z {
+                Some(z) => Some(S::load_f32(z.as_ptr().add(i))),
+                None => None,
+            };
+            let r = finish::<S>(
                 S::load_f32(y.as_ptr().add(i)),
                 S::load_f32(x.as_ptr().add(i)),
                 zv,
+                d,
             );
             S::store_f32(y.as_mut_ptr().add(i), r);
             i += l;
@@ -49,10 +46,30 @@ pub(super) unsafe fn finish_row<S: Simd>(y: &mut [f32], x: &[f32], z: Option<&[f
             if let Some(z) = z {
                 zb[..n - i].copy_from_slice(&z[i..n]);
             }
-            let zv = z.map(|_| S::load_f32(zb.as_ptr()));
-            let r = vector(S::load_f32(yb.as_ptr()), S::load_f32(xb.as_ptr()), zv);
+            let zv = match z {
+                Some(_) => Some(S::load_f32(zb.as_ptr())),
+                None => None,
+            };
+            let r = finish::<S>(S::load_f32(yb.as_ptr()), S::load_f32(xb.as_ptr()), zv, d);
             S::store_f32(yb.as_mut_ptr(), r);
             y[i..].copy_from_slice(&yb[..n - i]);
+        }
+    }
+}
+
+/// One vector of [`finish_row`] (a function, not a closure: closures do not inherit the caller's
+/// target features, so theirs would not inline).
+#[inline(always)]
+unsafe fn finish<S: Simd>(y: S::V, x: S::V, z: Option<S::V>, d: f32) -> S::V {
+    unsafe {
+        let y = S::fma(S::splat(d), x, y);
+        match z {
+            // y z / (1 + e^-z): the clamped exp keeps the denominator finite.
+            Some(z) => S::div(
+                S::mul(y, z),
+                S::add(S::splat(1.0), S::exp(S::sub(S::zero(), z))),
+            ),
+            None => y,
         }
     }
 }

@@ -9,10 +9,11 @@ use crate::kernels::chunking::{Chunk, Plan, with_scratch};
 use crate::kernels::simd::{Avx2, Avx512, Simd};
 use crate::kernels::{Path, Sequence};
 use crate::runtime::{Context, Isa};
+use std::ops::Range;
 
 type RecurrentFn = unsafe fn(&Scan, &Sequence, usize);
 type IntraFn = unsafe fn(&Scan, &Layout, *mut f32, usize, Chunk, usize);
-type InterFn = unsafe fn(&Scan, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize);
+type InterFn = unsafe fn(&Scan, &Layout, *mut f32, &Sequence, usize, &[Chunk], Range<usize>);
 
 /// The entry points of one instruction set.
 struct Kernels {
@@ -46,9 +47,9 @@ macro_rules! entry_points {
                 seq: &Sequence,
                 first: usize,
                 chunks: &[Chunk],
-                h: usize,
+                heads: Range<usize>,
             ) {
-                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, h) }
+                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, heads) }
             }
 
             pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter };
@@ -77,6 +78,11 @@ unsafe fn run_simple_task(kernels: &Kernels, args: &Scan, simple: &[usize], task
         }
     }
 }
+
+/// Most heads a pass-2 task carries through a sequence together: each chunk's pass-1 scratch
+/// (80 KiB at N = 128) is then read once from memory for all of them, and their states
+/// (32 KiB each at P = 64, N = 128) stay in L2.
+const MAX_HEAD_BLOCK: usize = 8;
 
 /// # Safety
 /// As for [`super::mamba2_scan`]; the CPU supports `isa` (>= AVX2).
@@ -143,11 +149,18 @@ pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> R
                     }
                 }
             });
-            let wave_heads = wave_groups * group_heads;
-            ctx.for_each(chunked_seqs.len() * wave_heads, |task| {
-                let (b, first, count) = chunked_seqs[task / wave_heads];
-                let h = first_group * group_heads + task % wave_heads;
-                // SAFETY: pass 1 is complete; this task owns the head's rows and slot.
+            // Pass 2: (sequence, block of one group's heads), enough blocks for every thread.
+            let tasks_per_block = chunked_seqs.len() * wave_groups;
+            let block = (tasks_per_block * group_heads)
+                .div_ceil(2 * ctx.threads())
+                .clamp(1, MAX_HEAD_BLOCK.min(group_heads));
+            let blocks = group_heads.div_ceil(block);
+            ctx.for_each(tasks_per_block * blocks, |task| {
+                let (b, first, count) = chunked_seqs[task / (wave_groups * blocks)];
+                let g = first_group + task / blocks % wave_groups;
+                let start = g * group_heads + task % blocks * block;
+                let heads = start..(start + block).min((g + 1) * group_heads);
+                // SAFETY: pass 1 is complete; this task owns its heads' rows and slots.
                 unsafe {
                     (kernels.inter)(
                         args,
@@ -156,7 +169,7 @@ pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> R
                         &args.sequences[b],
                         first,
                         &chunks[first..first + count],
-                        h,
+                        heads,
                     )
                 };
             });

@@ -276,6 +276,20 @@ inline void gated_delta_rule(const context& ctx, const tensor& q, const tensor& 
                               detail::opt(num_accepted_tokens), flags, l2norm_eps, pad_slot_id, out.get()));
 }
 
+/** ssmk_mamba2_scan (Mamba-2 selective-state scan); optional arguments are nullptr when absent.
+ *  `flags` is SSMK_MAMBA2_DT_SOFTPLUS or 0; dt_min/dt_max of -INFINITY/INFINITY mean no limit.
+ *  Throws ssmk::error. */
+inline void mamba2_scan(const context& ctx, const tensor& x, const tensor& dt, const tensor& A, const tensor& B,
+                        const tensor& C, const tensor* D, const tensor* z, const tensor* dt_bias, float dt_min,
+                        float dt_max, uint32_t flags, tensor* state, const tensor* cu_seqlens,
+                        const tensor* state_indices, const tensor* has_initial_state,
+                        const tensor* num_accepted_tokens, int64_t pad_slot_id, tensor& out) {
+  check(ssmk_mamba2_scan(ctx.get(), x.get(), dt.get(), A.get(), B.get(), C.get(), detail::opt(D), detail::opt(z),
+                         detail::opt(dt_bias), dt_min, dt_max, flags, detail::opt(state), detail::opt(cu_seqlens),
+                         detail::opt(state_indices), detail::opt(has_initial_state),
+                         detail::opt(num_accepted_tokens), pad_slot_id, out.get()));
+}
+
 }  // namespace ssmk
 
 #endif /* SSMK_HPP */

@@ -1068,6 +1068,94 @@ fn every_isa_speculative_matches_reference() {
     }
 }
 
+/// Speculative mode: a `pad_slot_id` entry among the slots to write (a column t > 0 of
+/// `state_indices [B, Smax]`) means that token's state is not written (ABI.md §4.4): the padded
+/// slots keep their bytes, while every output and every other state equals, bit for bit, the same
+/// call without the pad entries. Pads on a middle token (later tokens still written) and on the
+/// last one; one sequence without pads; each ISA level, both gate shapes.
+#[test]
+fn every_isa_speculative_pad_entry_skips_that_state_write() {
+    let smax = 4usize;
+    let lens = [3usize, 4, 2];
+    let accepted = [2i64, 1, 3];
+    let init = [1i64, 1, 0];
+    let table: [[i64; 4]; 3] = [[5, 2, 9, 0], [7, 1, 10, 4], [3, 8, 11, 6]];
+    // (sequence, column) entries replaced by PAD; none is a read column (max(n-1, 0)).
+    let pads = [(0usize, 2usize), (1, 1), (1, 3)];
+    let padded_slots: Vec<usize> = pads.iter().map(|&(b, c)| table[b][c] as usize).collect();
+    let pool = 12usize;
+    for (state, dims, kda) in [(DType::F32, (32, 32), false), (DType::BF16, (45, 20), true)] {
+        let mut p = Gdn::new(
+            510,
+            lens.iter().sum(),
+            2,
+            4,
+            dims.0,
+            dims.1,
+            DType::BF16,
+            Some((state, pool)),
+            true,
+        )
+        .with_seqs(&lens);
+        if kda {
+            p = p.with_channel_decays(510);
+        }
+        p.accepted = Some(Tensor::ints(DType::I64, &accepted));
+        p.init = Some(Tensor::ints(DType::I32, &init));
+        p.eps = 1e-5;
+        let idx = |with_pads: bool| {
+            let mut idx = Tensor::zeros(DType::I32, &[lens.len(), smax]);
+            for (b, row) in table.iter().enumerate() {
+                for (c, &s) in row.iter().enumerate() {
+                    let s = if with_pads && pads.contains(&(b, c)) {
+                        PAD
+                    } else {
+                        s
+                    };
+                    idx.set(&[b, c], s as f64);
+                }
+            }
+            idx
+        };
+        let slot_bytes = p.hv * p.kd * p.vd * state.size();
+        let slot = |t: &Gdn, s: usize| {
+            t.state.as_ref().unwrap().bytes()[s * slot_bytes..(s + 1) * slot_bytes].to_vec()
+        };
+        for isa in Isa::under_test() {
+            let what = format!("{isa:?} state {state:?} kda {kda}");
+            let mut full = p.clone_all();
+            full.idx = Some(idx(false));
+            let mut padded = p.clone_all();
+            padded.idx = Some(idx(true));
+            for a in [&mut full, &mut padded] {
+                let code = a.call_with(isa, Path::Auto, std::ptr::null());
+                assert_eq!(code, SSMK_OK, "{what}: {}", common::last_error());
+            }
+            assert!(
+                full.out.bytes() == padded.out.bytes(),
+                "{what}: outputs differ"
+            );
+            for s in 0..pool {
+                if padded_slots.contains(&s) {
+                    assert!(
+                        slot(&padded, s) == slot(&p, s),
+                        "{what}: padded slot {s} was written"
+                    );
+                    assert!(
+                        slot(&full, s) != slot(&p, s),
+                        "{what}: slot {s} is written without the pad entry"
+                    );
+                } else {
+                    assert!(
+                        slot(&padded, s) == slot(&full, s),
+                        "{what}: slot {s} differs from the call without pad entries"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Pad slots give zero rows and leave the pool alone; NULL `has_initial_state` starts from zeros;
 /// NULL `state` starts from zeros and writes nothing; zero-length sequences write their initial
 /// state back (zeros without one).

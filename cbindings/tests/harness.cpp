@@ -2,6 +2,7 @@
  * inference runtime would. Built and run by tests/c_harness.rs against the real shared library. */
 #include "ssmk.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -317,6 +318,97 @@ TEST_CASE(hpp_kda_gating_both_forms) {
     threw = e.status() == SSMK_ERR_INVALID_ARGUMENT;
   }
   CHECK(threw);
+}
+
+static float as_float(float v) { return v; }
+static float as_float(ssmk::bf16 v) { return v.to_float(); }
+static void store(float& d, float v) { d = v; }
+static void store(ssmk::bf16& d, float v) { d = ssmk::bf16::from_float(v); }
+
+// ssmk_mamba2_scan with x, z and out of type E against the double-precision per-token recurrence
+// of its doc comment: D, dt_bias, softplus, both dt limits reached, z gate, NH/G = 2 heads per
+// group, two sequences (3 tokens from a zero state; 67 from slot 0's state: the chunked form, two
+// chunks), slot 1 untouched. Then NH % G != 0 is refused with nothing written.
+template <class E>
+static void mamba2_scan_case(double out_atol, double out_rtol) {
+  const int NH = 4, P = 5, G = 2, N = 7, T = 70, S = 3, SL = NH * P * N;
+  std::vector<E> x(T * NH * P), z(T * NH * P), out(T * NH * P);
+  std::vector<float> dt(T * NH), Bm(T * G * N), Cm(T * G * N), A(NH), Dv(NH), bias(NH), st(S * SL);
+  for (int i = 0; i < T * NH * P; ++i) {
+    store(x[i], static_cast<float>(std::sin(0.37 * i)));
+    store(z[i], static_cast<float>(2 * std::cos(0.23 * i)));
+    store(out[i], -7.0f);
+  }
+  for (int i = 0; i < T * NH; ++i) dt[i] = static_cast<float>(2.5 * std::sin(0.61 * i) - 1.5);  // [-4, 1]
+  for (int i = 0; i < T * G * N; ++i) Bm[i] = 0.5f * std::cos(0.13 * i), Cm[i] = 0.5f * std::sin(0.29 * i + 1);
+  for (int h = 0; h < NH; ++h) A[h] = -0.5f - 0.5f * h, Dv[h] = 0.3f * h - 0.4f, bias[h] = 0.1f * h - 0.15f;
+  for (int i = 0; i < S * SL; ++i) st[i] = 0.5f * std::cos(0.07 * i);
+  const std::vector<float> st0 = st;
+  std::vector<int32_t> cu = {0, 3, 70}, idx = {2, 0};
+  std::vector<uint8_t> init = {0, 1};
+  const float dt_min = 0.1f, dt_max = 0.8f;
+  ssmk::context ctx(2);
+  ssmk::view<E> xv(x.data(), {T, NH, P}), zv(z.data(), {T, NH, P}), ov(out.data(), {T, NH, P});
+  ssmk::view<float> dtv(dt.data(), {T, NH}), av(A.data(), {NH}), bv(Bm.data(), {T, G, N}), cv(Cm.data(), {T, G, N}),
+      dv(Dv.data(), {NH}), biasv(bias.data(), {NH}), sv(st.data(), {S, NH, P, N});
+  ssmk::view<int32_t> cuv(cu.data(), {3}), iv(idx.data(), {2});
+  ssmk::view<uint8_t> hv(init.data(), {2});
+  ssmk::mamba2_scan(ctx, xv, dtv, av, bv, cv, &dv, &zv, &biasv, dt_min, dt_max, SSMK_MAMBA2_DT_SOFTPLUS, &sv, &cuv,
+                    &iv, &hv, nullptr, -1, ov);
+  int below_min = 0, above_max = 0;
+  for (int seq = 0; seq < 2; ++seq) {
+    const int slot = idx[seq];
+    std::vector<double> h(SL, 0.0);
+    if (init[seq])
+      for (int i = 0; i < SL; ++i) h[i] = st0[slot * SL + i];
+    for (int t = cu[seq]; t < cu[seq + 1]; ++t)
+      for (int hh = 0; hh < NH; ++hh) {
+        const int g = hh / (NH / G);
+        double d = static_cast<double>(dt[t * NH + hh]) + bias[hh];
+        d = d > 20.0 ? d : std::log1p(std::exp(d));
+        below_min += d < dt_min;
+        above_max += d > dt_max;
+        d = std::min(std::max(d, static_cast<double>(dt_min)), static_cast<double>(dt_max));
+        const double decay = std::exp(d * A[hh]);
+        for (int p = 0; p < P; ++p) {
+          const int i = (t * NH + hh) * P + p;
+          const double xi = as_float(x[i]), zi = as_float(z[i]);
+          double y = Dv[hh] * xi;
+          for (int n = 0; n < N; ++n) {
+            double& s = h[(hh * P + p) * N + n];
+            s = decay * s + d * xi * Bm[(t * G + g) * N + n];
+            y += s * Cm[(t * G + g) * N + n];
+          }
+          y *= zi / (1.0 + std::exp(-zi));
+          CHECK(std::fabs(as_float(out[i]) - y) <= out_atol + out_rtol * std::fabs(y));
+        }
+      }
+    for (int i = 0; i < SL; ++i) CHECK(std::fabs(st[slot * SL + i] - h[i]) <= 1e-4 * (1 + std::fabs(h[i])));
+  }
+  CHECK(below_min > 0 && above_max > 0);  // both limits of the clamp were exercised
+  for (int i = 0; i < SL; ++i) CHECK(st[1 * SL + i] == st0[1 * SL + i]);  // slot 1 unused
+
+  // NH = 4 heads over G = 3 groups: refused with B.shape[1] named; out and state untouched.
+  std::vector<float> b3(T * 3 * N, 0.25f), c3(T * 3 * N, 0.25f);
+  ssmk::view<float> b3v(b3.data(), {T, 3, N}), c3v(c3.data(), {T, 3, N});
+  const std::vector<E> out_before = out;
+  const std::vector<float> st_before = st;
+  bool threw = false;
+  try {
+    ssmk::mamba2_scan(ctx, xv, dtv, av, b3v, c3v, &dv, &zv, &biasv, dt_min, dt_max, SSMK_MAMBA2_DT_SOFTPLUS, &sv,
+                      &cuv, &iv, &hv, nullptr, -1, ov);
+  } catch (const ssmk::error& e) {
+    threw = e.status() == SSMK_ERR_INVALID_ARGUMENT && contains(e.what(), "B.shape[1]");
+  }
+  CHECK(threw);
+  CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(E)) == 0);
+  CHECK(st == st_before);
+}
+
+TEST_CASE(hpp_mamba2_scan_matches_double_recurrence) {
+  mamba2_scan_case<float>(1e-4, 1e-4);
+  // bf16 x/z/out: the reference reads the rounded inputs; out carries one bf16 rounding (2^-9 rel).
+  mamba2_scan_case<ssmk::bf16>(1e-4, 4e-3);
 }
 
 int main() { return check::run_all(); }

@@ -17,7 +17,7 @@ use crate::kernels::chunking::{Chunk, TaskBuffer};
 use crate::kernels::gdn::gating::softplus_v;
 use crate::kernels::gemm::{MatA, gemm};
 use crate::kernels::simd::{Simd, exp_into, load_row_simd, store_row_simd};
-use crate::kernels::strided::{load_row, prefetch, read_f32, write_f32};
+use crate::kernels::strided::{load_row, prefetch_l2, read_f32, write_f32};
 use crate::kernels::{Sequence, StateWrite};
 use std::ops::Range;
 
@@ -379,16 +379,18 @@ unsafe fn scale_row<S: Simd>(row: &mut [f32], w: f32) {
     row[full..].iter_mut().for_each(|v| *v *= w);
 }
 
-/// Prefetches the x (and z) rows and the steps of `chunk` for head `h`.
+/// Prefetches into L2 (L1 would lose them to the GEMMs' operands) the x (and z) rows, the steps
+/// and the output rows (so the stores find their lines) of `chunk` for head `h`.
 #[inline(always)]
 fn prefetch_x(args: &Scan, chunk: Chunk, h: usize) {
     let row_bytes = args.head_dim * args.x.dtype.size();
     for t in chunk.start..chunk.start + chunk.len {
-        prefetch(args.x.at(&[t, h]), row_bytes);
+        prefetch_l2(args.x.at(&[t, h]), row_bytes);
+        prefetch_l2(args.out.at(&[t, h]), row_bytes);
         if let Some(z) = &args.z {
-            prefetch(z.at(&[t, h]), row_bytes);
+            prefetch_l2(z.at(&[t, h]), row_bytes);
         }
-        prefetch(args.dt.at(&[t, h]), 1);
+        prefetch_l2(args.dt.at(&[t, h]), 1);
     }
 }
 

@@ -45,6 +45,7 @@ ACTIVATION_NONE = 0
 ACTIVATION_SILU = 1
 GDN_QK_L2NORM = 1
 GDN_GQA_TILED = 2
+MAMBA2_DT_SOFTPLUS = 1
 
 DEVICE_CPU = 1
 DEVICE_CUDA_HOST = 3
@@ -121,6 +122,10 @@ SIGNATURES = {
         [_CTX, _T, _T, _T, _T, _T, c_float, _T, _T, _T, _T, _T, c_uint32, c_float, c_int64, _T],
     ),
     "ssmk_short_conv": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, _T, c_int64, _T]),
+    "ssmk_mamba2_scan": (
+        c_int32,
+        [_CTX, _T, _T, _T, _T, _T, _T, _T, _T, c_float, c_float, c_uint32, _T, _T, _T, _T, _T, c_int64, _T],
+    ),
 }
 
 
@@ -357,6 +362,22 @@ def gated_delta_rule(q, k, v, g, beta, out, state=None, cu_seqlens=None, state_i
     q, k, v, g, beta, state, cu, idx, init, acc, out = (None if t is None else t.ptr for t in keep)
     _check("ssmk_gated_delta_rule", lib.ssmk_gated_delta_rule(
         _ctx(ctx), q, k, v, g, beta, scale, state, cu, idx, init, acc, flags, l2norm_eps, pad_slot_id, out))
+
+
+def mamba2_scan(x, dt, A, B, C, out, D=None, z=None, dt_bias=None, dt_min=float("-inf"),
+                dt_max=float("inf"), flags=0, state=None, cu_seqlens=None, state_indices=None,
+                has_initial_state=None, num_accepted_tokens=None, pad_slot_id=-1, ctx=None):
+    """Mamba-2 selective-state scan (prefill, decode, speculative, mixed); ``out`` has x's dtype.
+
+    ``dt_min``/``dt_max`` default to no limit; ``flags=MAMBA2_DT_SOFTPLUS`` applies softplus to
+    ``dt + dt_bias``.
+    """
+    keep = [tensor(t) for t in (x, dt, A, B, C, D, z, dt_bias, state, cu_seqlens, state_indices,
+                                has_initial_state, num_accepted_tokens, out)]
+    x, dt, A, B, C, D, z, dt_bias, state, cu, idx, init, acc, out = (None if t is None else t.ptr for t in keep)
+    _check("ssmk_mamba2_scan", lib.ssmk_mamba2_scan(
+        _ctx(ctx), x, dt, A, B, C, D, z, dt_bias, dt_min, dt_max, flags, state, cu, idx, init, acc,
+        pad_slot_id, out))
 
 
 def short_conv(bcx, weight, out, bias=None, conv_states=None, query_start_loc=None, cache_indices=None,

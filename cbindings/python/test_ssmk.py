@@ -302,5 +302,112 @@ class GatedDeltaNet(unittest.TestCase):
                 self.assertAlmostEqual(out[t * V + j], want, delta=1e-5)
 
 
+def mamba2_reference(x, dt, A, B, C, D, z, dt_bias, dt_min, dt_max, softplus, h, T, NH, P, G, N):
+    """Per-token Mamba-2 recurrence in float64 from state ``h`` ([NH][P][N] lists, updated)."""
+    out = []
+    for t in range(T):
+        for hd in range(NH):
+            g = hd // (NH // G)
+            d = dt[t * NH + hd] + dt_bias[hd]
+            if softplus:
+                d = d if d > 20 else math.log1p(math.exp(d))
+            d = min(max(d, dt_min), dt_max)
+            a = math.exp(d * A[hd])
+            b = B[(t * G + g) * N:(t * G + g + 1) * N]
+            c = C[(t * G + g) * N:(t * G + g + 1) * N]
+            for p in range(P):
+                xv = x[(t * NH + hd) * P + p]
+                row = h[hd][p]
+                for n in range(N):
+                    row[n] = a * row[n] + d * xv * b[n]
+                y = sum(row[n] * c[n] for n in range(N)) + D[hd] * xv
+                zv = z[(t * NH + hd) * P + p]
+                out.append(y * silu(zv))
+    return out
+
+
+class Mamba2(unittest.TestCase):
+    NH, P, G, N, S = 4, 3, 2, 16, 3
+
+    def inputs(self, T, seed):
+        NH, P, G, N = self.NH, self.P, self.G, self.N
+        f = lambda n, k, a: array.array("f", [a * math.sin(k * (i + seed) + 0.3) for i in range(n)])
+        return dict(x=f(T * NH * P, 0.37, 1.0), dt=f(T * NH, 0.53, 2.0), B=f(T * G * N, 0.71, 1.0),
+                    C=f(T * G * N, 0.29, 1.0), z=f(T * NH * P, 0.43, 3.0))
+
+    def call(self, T, v, state, out, **kw):
+        NH, P, G, N = self.NH, self.P, self.G, self.N
+        ssmk.mamba2_scan(
+            ssmk.tensor(v["x"], shape=(T, NH, P)), ssmk.tensor(v["dt"], shape=(T, NH)), self.A,
+            ssmk.tensor(v["B"], shape=(T, G, N)), ssmk.tensor(v["C"], shape=(T, G, N)),
+            ssmk.tensor(out, shape=(out.buffer_info()[1] // (NH * P), NH, P)), D=self.D,
+            z=ssmk.tensor(v["z"], shape=(T, NH, P)), dt_bias=self.dt_bias,
+            state=ssmk.tensor(state, shape=(self.S, NH, P, N)), **kw)
+
+    def setUp(self):
+        self.A = array.array("f", [-math.exp(0.7 * i) for i in range(self.NH)])
+        self.D = array.array("f", [1.0, -0.5, 0.25, 2.0])
+        self.dt_bias = array.array("f", [-4.0, -3.0, -2.5, -3.5])
+
+    def test_prefill_then_decode_matches_recurrence(self):
+        # 70 tokens (a chunk boundary and a tail) plus a padded 3-token sequence, dt clamped;
+        # then one decode step from the carried state with no limit.
+        NH, P, G, N, S = self.NH, self.P, self.G, self.N, self.S
+        T = 73
+        v = self.inputs(T, 0)
+        slot = NH * P * N
+        state = array.array("f", [0.5 * math.cos(0.17 * i) for i in range(S * slot)])
+        initial = list(state)
+        out = array.array("f", [7.0] * (T * NH * P))
+        dt_min, dt_max = 0.005, 0.08
+        self.call(T, v, state, out, dt_min=dt_min, dt_max=dt_max, flags=ssmk.MAMBA2_DT_SOFTPLUS,
+                  cu_seqlens=array.array("i", [0, 70, 73]), state_indices=array.array("q", [2, -1]),
+                  has_initial_state=array.array("B", [1, 1]), pad_slot_id=-1, ctx=ssmk.Context(2))
+        h = [[[initial[2 * slot + (hd * P + p) * N + n] for n in range(N)] for p in range(P)] for hd in range(NH)]
+        want = mamba2_reference(v["x"], v["dt"], self.A, v["B"], v["C"], self.D, v["z"], self.dt_bias,
+                                dt_min, dt_max, True, h, 70, NH, P, G, N)
+        for i, w in enumerate(want):
+            self.assertAlmostEqual(out[i], w, delta=2e-4 * (1 + abs(w)), msg=f"prefill out[{i}]")
+        self.assertEqual(list(out[70 * NH * P:]), [0.0] * (3 * NH * P), "padded rows are zeros")
+        flat = [e for hd in h for row in hd for e in row]
+        for i, w in enumerate(flat):
+            self.assertAlmostEqual(state[2 * slot + i], w, delta=2e-4 * (1 + abs(w)), msg=f"state[{i}]")
+        self.assertEqual(list(state[:2 * slot]), initial[:2 * slot], "slots 0 and 1 untouched")
+
+        # Decode: state carried from the prefill's slot, compared with the reference's state.
+        d = self.inputs(1, 70)
+        h = [[[state[2 * slot + (hd * P + p) * N + n] for n in range(N)] for p in range(P)] for hd in range(NH)]
+        out1 = array.array("f", [0.0] * (NH * P))
+        self.call(1, d, state, out1, flags=ssmk.MAMBA2_DT_SOFTPLUS, state_indices=array.array("i", [2]),
+                  has_initial_state=array.array("B", [1]))
+        want = mamba2_reference(d["x"], d["dt"], self.A, d["B"], d["C"], self.D, d["z"], self.dt_bias,
+                                -math.inf, math.inf, True, h, 1, NH, P, G, N)
+        for i, w in enumerate(want):
+            self.assertAlmostEqual(out1[i], w, delta=2e-5 * (1 + abs(w)), msg=f"decode out[{i}]")
+        flat = [e for hd in h for row in hd for e in row]
+        for i, w in enumerate(flat):
+            self.assertAlmostEqual(state[2 * slot + i], w, delta=2e-5 * (1 + abs(w)), msg=f"decode state[{i}]")
+
+    def test_bad_inputs_are_refused_and_write_nothing(self):
+        NH, P, N, S = self.NH, self.P, self.N, self.S
+        v = self.inputs(2, 0)
+        state = array.array("f", [0.25] * (S * NH * P * N))
+        out = array.array("f", [7.0] * (2 * NH * P))
+        cases = [
+            (ssmk.ERR_INVALID_ARGUMENT, dict(dt_min=0.1, dt_max=0.01)),  # dt_min > dt_max
+            (ssmk.ERR_INVALID_ARGUMENT, dict(dt_max=math.nan)),
+            (ssmk.ERR_OUT_OF_BOUNDS, dict(state_indices=array.array("i", [0, 3]))),  # slot 3 of 3
+            (ssmk.ERR_INVALID_ARGUMENT, dict(state_indices=array.array("i", [1, 1]))),  # same slot twice
+        ]
+        for status, kw in cases:
+            with self.subTest(kw=kw):
+                with self.assertRaises(ssmk.SsmkError) as cm:
+                    self.call(2, v, state, out, cu_seqlens=array.array("i", [0, 1, 2]), **kw)
+                self.assertEqual(cm.exception.status, status)
+                self.assertTrue(cm.exception.message)
+                self.assertEqual(list(state), [0.25] * (S * NH * P * N))
+                self.assertEqual(list(out), [7.0] * (2 * NH * P))
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -7,7 +7,8 @@
 //! in a local buffer, so the SIMD body never reads or writes outside the tensors.
 
 use super::Scan;
-use crate::kernels::simd::{Simd, SimdElement};
+use crate::kernels::chunking::TaskBuffer;
+use crate::kernels::simd::{Simd, SimdElement, load_row_simd, store_row_simd};
 use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
 use crate::kernels::{Sequence, StateWrite};
 
@@ -143,6 +144,71 @@ pub(super) unsafe fn store_state_row<S: Simd, St: SimdElement>(
     }
 }
 
+/// One row of a decode straight on the slot rows (contiguous, dtype `St`): `h = a h + s B` read
+/// from row `p` of `read` (zeros when `None`), stored to row `p` of `write` (when given), and
+/// returns `y[p] = h . C`, summed as the blocked recurrence sums it. `bc` holds B and C of the
+/// token, zero-padded to whole vectors.
+///
+/// # Safety
+/// As for [`sequence_head`]; the state is contiguous in `n` and of dtype `St`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn decode_row<S: Simd, St: SimdElement>(
+    args: &Scan,
+    read: Option<usize>,
+    write: Option<usize>,
+    h: usize,
+    p: usize,
+    decay: f32,
+    s: f32,
+    bc: &[f32],
+) -> f32 {
+    let st = args
+        .state
+        .as_ref()
+        .expect("a decode in place without a state tensor");
+    let (nd, l) = (args.state_dim, S::LANES);
+    let np = nd.next_multiple_of(l);
+    let full = nd / l * l;
+    let src = read.map(|slot| st.at(&[slot, h, p, 0]).cast::<St>());
+    let dst = write.map(|slot| st.at(&[slot, h, p, 0]).cast::<St>());
+    unsafe {
+        let (a, sv) = (S::splat(decay), S::splat(s));
+        let (b_row, c_row) = (bc.as_ptr(), bc.as_ptr().add(np));
+        let mut acc = [S::zero(); 2];
+        let mut k = 0;
+        for n in (0..full).step_by(l) {
+            let upd = S::mul(sv, S::load_f32(b_row.add(n)));
+            let hv = match src {
+                Some(src) => S::fma(St::load::<S>(src.add(n)), a, upd),
+                None => upd,
+            };
+            if let Some(dst) = dst {
+                St::store::<S>(dst.add(n), hv);
+            }
+            acc[k & 1] = S::fma(hv, S::load_f32(c_row.add(n)), acc[k & 1]);
+            k += 1;
+        }
+        if full < nd {
+            // The tail through a zero-padded vector, as the blocked path's padded row.
+            let mut tail = [0f32; 16];
+            for n in full..nd {
+                let old = src.map_or(0.0, |src| (*src.add(n)).to_f32());
+                tail[n - full] = old.mul_add(decay, s * bc[n]);
+                if let Some(dst) = dst {
+                    *dst.add(n) = St::from_f32(tail[n - full]);
+                }
+            }
+            acc[k & 1] = S::fma(
+                S::load_f32(tail.as_ptr()),
+                S::load_f32(c_row.add(full)),
+                acc[k & 1],
+            );
+        }
+        S::reduce_sum(S::add(acc[0], acc[1]))
+    }
+}
+
 /// Runs one (sequence, head) through the recurrence.
 ///
 /// # Safety
@@ -152,34 +218,37 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
     let (pd, nd, len, l) = (args.head_dim, args.state_dim, seq.len, S::LANES);
     let np = nd.next_multiple_of(l);
     let g = args.group(h);
-    // Per token: the step, the decay, B and C (zero-padded to `np`), x and z.
-    let mut step = vec![0f32; len];
-    let mut decay = vec![0f32; len];
-    let mut bc = vec![0f32; 2 * len * np];
-    let mut x = vec![0f32; len * pd];
-    let mut z = vec![0f32; if args.z.is_some() { len * pd } else { 0 }];
+    // Per token: the step, the decay, B and C (zero-padded to `np`), x, z and y; one state row.
+    let z_len = if args.z.is_some() { len * pd } else { 0 };
+    let mut buf = TaskBuffer::take(2 * len + 2 * len * np + 2 * len * pd + z_len + np);
+    let (step, rest) = buf.split_at_mut(len);
+    let (decay, rest) = rest.split_at_mut(len);
+    let (bc, rest) = rest.split_at_mut(2 * len * np);
+    let (x, rest) = rest.split_at_mut(len * pd);
+    let (y, rest) = rest.split_at_mut(len * pd);
+    let (z, row) = rest.split_at_mut(z_len);
     for i in 0..len {
         let t = seq.start + i;
         unsafe {
             step[i] = args.step(t, h);
             decay[i] = (step[i] * args.a[h]).exp();
             let (b_row, c_row) = bc[2 * i * np..2 * (i + 1) * np].split_at_mut(np);
-            load_row(
+            load_row_simd::<S>(
                 args.b.at(&[t, g]),
                 args.b.dtype,
                 args.b.strides[2],
                 &mut b_row[..nd],
             );
-            load_row(
+            load_row_simd::<S>(
                 args.c.at(&[t, g]),
                 args.c.dtype,
                 args.c.strides[2],
                 &mut c_row[..nd],
             );
             let x_row = &mut x[i * pd..(i + 1) * pd];
-            load_row(args.x.at(&[t, h]), args.x.dtype, args.x.strides[2], x_row);
+            load_row_simd::<S>(args.x.at(&[t, h]), args.x.dtype, args.x.strides[2], x_row);
             if let Some(zt) = &args.z {
-                load_row(
+                load_row_simd::<S>(
                     zt.at(&[t, h]),
                     zt.dtype,
                     zt.strides[2],
@@ -188,10 +257,31 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
             }
         }
     }
-    let mut y = vec![0f32; len * pd];
-    let mut row = vec![0f32; np];
     let st = args.state.as_ref();
+    // A decode on a contiguous state of dtype `St` updates the slot's rows in place: no copy.
+    let in_place = len == 1 && st.is_some_and(|st| st.strides[3] == 1 && st.dtype == St::DTYPE);
     for p in 0..pd {
+        if in_place {
+            if let (Some(st), Some(slot)) = (st, seq.read) {
+                // Rows ahead (the hardware prefetchers stop at page boundaries), and at the last
+                // row the next head's first rows: the next task is usually that head.
+                let ahead = p + PREFETCH_ROWS;
+                let (hh, pp) = if ahead < pd { (h, ahead) } else { (h + 1, ahead - pd) };
+                if hh < args.heads {
+                    prefetch(st.at(&[slot, hh, pp, 0]), nd * st.dtype.size());
+                }
+            }
+            let write = match &seq.write {
+                StateWrite::Final(slot) => Some(*slot),
+                StateWrite::PerToken(slots) => slots[0],
+                StateWrite::Nothing => None,
+            };
+            unsafe {
+                y[p] =
+                    decode_row::<S, St>(args, seq.read, write, h, p, decay[0], step[0] * x[p], bc)
+            };
+            continue;
+        }
         if let (Some(st), Some(slot)) = (st, seq.read) {
             if st.strides[3] == 1 && p + PREFETCH_ROWS < pd {
                 prefetch(
@@ -199,7 +289,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
                     nd * st.dtype.size(),
                 );
             }
-            unsafe { load_state_row::<S, St>(args, slot, h, p, &mut row) };
+            unsafe { load_state_row::<S, St>(args, slot, h, p, row) };
         } else {
             row.iter_mut().for_each(|x| *x = 0.0);
         }
@@ -223,12 +313,12 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
                 if let StateWrite::PerToken(slots) = &seq.write
                     && let Some(slot) = slots[i]
                 {
-                    store_state_row::<S, St>(args, slot, h, p, &row);
+                    store_state_row::<S, St>(args, slot, h, p, row);
                 }
             }
         }
         if let StateWrite::Final(slot) = seq.write {
-            unsafe { store_state_row::<S, St>(args, slot, h, p, &row) };
+            unsafe { store_state_row::<S, St>(args, slot, h, p, row) };
         }
     }
     let out = &args.out;
@@ -237,7 +327,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
         let zi = args.z.as_ref().map(|_| &z[rows.clone()]);
         unsafe {
             finish_row::<S>(&mut y[rows.clone()], &x[rows.clone()], zi, args.d[h]);
-            store_row(
+            store_row_simd::<S>(
                 out.at(&[seq.start + i, h]),
                 out.dtype,
                 out.strides[2],

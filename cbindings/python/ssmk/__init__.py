@@ -134,8 +134,10 @@ def _find_library():
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libssmk.so", "libssmk.so.0"):
-        if os.path.exists(os.path.join(here, name)):
+    # An installed package carries the library beside this file (built by setuptools-rust as an
+    # extension-named file, e.g. _libssmk.cpython-311-x86_64-linux-gnu.so).
+    for name in sorted(os.listdir(here)):
+        if name.startswith("_libssmk") and name.endswith(".so") or name in ("libssmk.so", "libssmk.so.0"):
             return os.path.join(here, name)
     found = ctypes.util.find_library("ssmk")
     if found:

@@ -266,7 +266,11 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
                 // Rows ahead (the hardware prefetchers stop at page boundaries), and at the last
                 // row the next head's first rows: the next task is usually that head.
                 let ahead = p + PREFETCH_ROWS;
-                let (hh, pp) = if ahead < pd { (h, ahead) } else { (h + 1, ahead - pd) };
+                let (hh, pp) = if ahead < pd {
+                    (h, ahead)
+                } else {
+                    (h + 1, ahead - pd)
+                };
                 if hh < args.heads {
                     prefetch(st.at(&[slot, hh, pp, 0]), nd * st.dtype.size());
                 }

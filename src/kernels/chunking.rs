@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use super::{Path, Sequence, StateWrite};
 use crate::error::{Error, Result, Status};
-use crate::runtime::SharedPtr;
+use crate::runtime::{Context, SharedPtr};
 
 /// One chunk: `len` tokens from packed token `start`.
 #[derive(Clone, Copy, Debug)]
@@ -61,6 +61,45 @@ impl Plan {
             plan.chunked.push((b, first, plan.chunks.len() - first));
         }
         plan
+    }
+}
+
+/// The two passes of a chunked form over a call, in waves of `wave` of its `units` (the q/k
+/// heads or groups whose pass-1 data the pass-2 tasks share), so the chunk scratch holds one
+/// wave, not the whole call: per wave, pass 1 runs `pass1(first, units_in_wave, task)` for
+/// `chunks * units_in_wave` tasks (the first wave also runs the `simple` tasks, the recurrent
+/// and padded sequences, beside it), then pass 2 runs `pass2(first, units_in_wave, task)` for
+/// `pass2_tasks(units_in_wave)` tasks.
+pub struct Waves<'a> {
+    pub ctx: &'a Context,
+    pub chunks: usize,
+    pub units: usize,
+    pub wave: usize,
+    pub simple_tasks: usize,
+}
+
+impl Waves<'_> {
+    pub fn run(
+        &self,
+        pass1: impl Fn(usize, usize, usize) + Send + Sync,
+        simple: impl Fn(usize) + Send + Sync,
+        pass2_tasks: impl Fn(usize) -> usize,
+        pass2: impl Fn(usize, usize, usize) + Send + Sync,
+    ) {
+        let mut first = 0;
+        while first < self.units {
+            let count = self.wave.min(self.units - first);
+            let pass1_tasks = self.chunks * count;
+            let extra = if first == 0 { self.simple_tasks } else { 0 };
+            self.ctx
+                .for_each(pass1_tasks + extra, |task| match task < pass1_tasks {
+                    true => pass1(first, count, task),
+                    false => simple(task - pass1_tasks),
+                });
+            self.ctx
+                .for_each(pass2_tasks(count), |task| pass2(first, count, task));
+            first += count;
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use super::gating::{self, KdaGating};
 use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
 use crate::dtype::DType;
 use crate::error::{Error, Result, Status};
-use crate::kernels::chunking::{Plan, with_scratch};
+use crate::kernels::chunking::{Plan, Waves, with_scratch};
 use crate::kernels::simd::{Avx2, Avx512};
 use crate::runtime::{Context, Isa};
 
@@ -158,49 +158,38 @@ pub unsafe fn gated_delta_rule(
                 "gated_delta_rule: chunk scratch size overflows",
             )
         })?;
+    let waves = Waves {
+        ctx,
+        chunks: chunks.len(),
+        units: heads,
+        wave,
+        simple_tasks: simple.len() * v_heads,
+    };
     with_scratch(floats, "gated_delta_rule", |base| {
-        let mut first_head = 0;
-        while first_head < heads {
-            let layout = layout_of(first_head);
-            let wave_heads = layout.heads;
-            // Pass 1 of this wave; the recurrent and padded sequences ride along with the first.
-            let intra_tasks = chunks.len() * wave_heads;
-            let extra = if first_head == 0 {
-                simple.len() * v_heads
-            } else {
-                0
-            };
-            ctx.for_each(intra_tasks + extra, |task| {
-                // SAFETY: each task writes only its own chunk/head scratch, or its own sequence's
-                // output rows and slots for one v-head; the caller validated the memory.
-                unsafe {
-                    if task < intra_tasks {
-                        let (c, h) = (task / wave_heads, first_head + task % wave_heads);
-                        (kernels.intra)(args, &layout, base.get(), c, chunks[c], h);
-                    } else {
-                        run_simple_task(kernels, args, &simple, task - intra_tasks);
-                    }
-                }
-            });
-            let wave_v_heads = wave_heads * group;
-            ctx.for_each(chunked_seqs.len() * wave_v_heads, |task| {
+        waves.run(
+            // SAFETY (all three): each task writes only its own chunk/head scratch, or its own
+            // sequence's output rows and slots for one v-head; pass 2 starts after pass 1.
+            |first_head, wave_heads, task| unsafe {
+                let (c, h) = (task / wave_heads, first_head + task % wave_heads);
+                (kernels.intra)(args, &layout_of(first_head), base.get(), c, chunks[c], h);
+            },
+            |task| unsafe { run_simple_task(kernels, args, &simple, task) },
+            |wave_heads| chunked_seqs.len() * wave_heads * group,
+            |first_head, wave_heads, task| unsafe {
+                let wave_v_heads = wave_heads * group;
                 let (b, first, count) = chunked_seqs[task / wave_v_heads];
                 let member = task % wave_v_heads;
                 let hv = args.v_head(first_head + member / group, member % group);
-                // SAFETY: pass 1 is complete; this task owns the v-head's scratch, rows and slot.
-                unsafe {
-                    (kernels.inter)(
-                        args,
-                        &layout,
-                        base.get(),
-                        &args.sequences[b],
-                        first,
-                        &chunks[first..first + count],
-                        hv,
-                    )
-                };
-            });
-            first_head += wave_heads;
-        }
+                (kernels.inter)(
+                    args,
+                    &layout_of(first_head),
+                    base.get(),
+                    &args.sequences[b],
+                    first,
+                    &chunks[first..first + count],
+                    hv,
+                )
+            },
+        )
     })
 }

@@ -5,7 +5,7 @@
 use super::chunked::{self, Layout};
 use super::{CHUNK, RECURRENT_MAX_LEN, Scan, recurrent};
 use crate::error::{Error, Result, Status};
-use crate::kernels::chunking::{Chunk, Plan, with_scratch};
+use crate::kernels::chunking::{Chunk, Plan, Waves, with_scratch};
 use crate::kernels::simd::{Avx2, Avx512, Simd};
 use crate::kernels::{Path, Sequence};
 use crate::runtime::{Context, Isa};
@@ -125,55 +125,48 @@ pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> R
                 "mamba2_scan: chunk scratch size overflows",
             )
         })?;
+    // Pass 2: (sequence, block of one group's heads), enough blocks for every thread.
+    let block_of = |wave_groups: usize| {
+        (chunked_seqs.len() * wave_groups * group_heads)
+            .div_ceil(2 * ctx.threads())
+            .clamp(1, MAX_HEAD_BLOCK.min(group_heads))
+    };
+    let waves = Waves {
+        ctx,
+        chunks: chunks.len(),
+        units: groups,
+        wave,
+        simple_tasks: simple.len() * heads,
+    };
     with_scratch(floats, "mamba2_scan", |base| {
-        let mut first_group = 0;
-        while first_group < groups {
-            let layout = layout_of(first_group);
-            let wave_groups = layout.groups;
-            // Pass 1 of this wave; the recurrent and padded sequences ride along with the first.
-            let intra_tasks = chunks.len() * wave_groups;
-            let extra = if first_group == 0 {
-                simple.len() * heads
-            } else {
-                0
-            };
-            ctx.for_each(intra_tasks + extra, |task| {
-                // SAFETY: each task writes only its own chunk/group scratch, or its own sequence's
-                // output rows and slots for one head; the caller validated the memory.
-                unsafe {
-                    if task < intra_tasks {
-                        let (c, g) = (task / wave_groups, first_group + task % wave_groups);
-                        (kernels.intra)(args, &layout, base.get(), c, chunks[c], g);
-                    } else {
-                        run_simple_task(kernels, args, &simple, task - intra_tasks);
-                    }
-                }
-            });
-            // Pass 2: (sequence, block of one group's heads), enough blocks for every thread.
-            let tasks_per_block = chunked_seqs.len() * wave_groups;
-            let block = (tasks_per_block * group_heads)
-                .div_ceil(2 * ctx.threads())
-                .clamp(1, MAX_HEAD_BLOCK.min(group_heads));
-            let blocks = group_heads.div_ceil(block);
-            ctx.for_each(tasks_per_block * blocks, |task| {
+        waves.run(
+            // SAFETY (all three): each task writes only its own chunk/group scratch, or its own
+            // sequence's output rows and slots for its heads; pass 2 starts after pass 1.
+            |first_group, wave_groups, task| unsafe {
+                let (c, g) = (task / wave_groups, first_group + task % wave_groups);
+                (kernels.intra)(args, &layout_of(first_group), base.get(), c, chunks[c], g);
+            },
+            |task| unsafe { run_simple_task(kernels, args, &simple, task) },
+            |wave_groups| {
+                chunked_seqs.len() * wave_groups * group_heads.div_ceil(block_of(wave_groups))
+            },
+            |first_group, wave_groups, task| unsafe {
+                let block = block_of(wave_groups);
+                let blocks = group_heads.div_ceil(block);
                 let (b, first, count) = chunked_seqs[task / (wave_groups * blocks)];
                 let g = first_group + task / blocks % wave_groups;
                 let start = g * group_heads + task % blocks * block;
                 let heads = start..(start + block).min((g + 1) * group_heads);
-                // SAFETY: pass 1 is complete; this task owns its heads' rows and slots.
-                unsafe {
-                    (kernels.inter)(
-                        args,
-                        &layout,
-                        base.get(),
-                        &args.sequences[b],
-                        first,
-                        &chunks[first..first + count],
-                        heads,
-                    )
-                };
-            });
-            first_group += wave_groups;
-        }
+                (kernels.inter)(
+                    args,
+                    &layout_of(first_group),
+                    base.get(),
+                    &args.sequences[b],
+                    first,
+                    &chunks[first..first + count],
+                    heads,
+                )
+            },
+        )
     })
 }

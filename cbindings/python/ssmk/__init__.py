@@ -9,7 +9,9 @@ builds DLPack-compatible ``ssmk_tensor`` descriptors from:
 
 No copy is made: descriptors point at the caller's memory, which must stay alive for the call.
 Every wrapper raises :class:`SsmkError` (with ``status`` and the library's message) on failure.
-The library is found through ``$SSMK_LIBRARY``, then next to this file, then the loader's path.
+The library is found through ``$SSMK_LIBRARY``, then next to this file (where ``pip install``
+puts it), then the loader's path; ``library_path`` tells which file was loaded. The torch custom
+ops are in :mod:`ssmk.torch` (``import ssmk`` alone never imports torch).
 """
 
 import ctypes
@@ -29,6 +31,10 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
+
+# The package's version, kept equal to Cargo.toml's (and pyproject.toml's); version() is the
+# loaded library's.
+__version__ = "0.1.0"
 
 OK = 0
 ERR_NULL_POINTER = -1
@@ -154,7 +160,8 @@ def _load(path):
     return lib
 
 
-lib = _load(_find_library())
+library_path = _find_library()
+lib = _load(library_path)
 
 
 def status_str(status):

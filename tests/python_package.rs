@@ -1,0 +1,267 @@
+//! The Python package end to end, as a user gets it: builds the wheel from `cbindings/python`
+//! with its build backend (setuptools-rust runs cargo), installs it into a fresh venv without
+//! torch and imports it there with no `SSMK_LIBRARY`, then installs it into a venv with torch and
+//! runs the torch-op tests (`cbindings/python/tests_torch`).
+//!
+//! - The torch venv (`target/py-ssmk`, or `$SSMK_PY_VENV`) is created on first use with the
+//!   pinned requirements below and reused while they are installed; the fresh venv
+//!   (`target/py-fresh`) is recreated every run. Each step prints what it runs and how long it took.
+//! - The wheel's cargo build uses its own target directory (`target/py-cargo`, or
+//!   `$SSMK_PY_CARGO_TARGET_DIR`): a nested cargo must not touch the directory of the `cargo test`
+//!   that runs it. From scratch this is a release build of the crate and its dependencies.
+//! - `PYTHON` picks the interpreter that makes the venvs (default `python3`); without one the
+//!   test is skipped, as `tests/python.rs` is. Building and installing need PyPI (the build
+//!   backend and torch come from there); `SSMK_SKIP_PYTHON_PACKAGE=1` skips the test offline.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use common::native::{repo, run_ok};
+
+/// What the torch-op tests need, pinned: installed once into the torch venv.
+const TORCH_VENV_REQUIREMENTS: &[&str] = &["torch==2.13.0", "numpy"];
+/// The test directories run in the torch venv, each with `python -m unittest discover`.
+const TORCH_TEST_DIRS: &[&str] = &["cbindings/python/tests_torch"];
+
+fn target_dir() -> PathBuf {
+    // CARGO_TARGET_TMPDIR is <target>/tmp, whatever CARGO_TARGET_DIR says.
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn venv_python(venv: &Path) -> PathBuf {
+    venv.join("bin").join("python")
+}
+
+/// A command with the environment of a user's shell: no library override, no PYTHONPATH, no
+/// venv of the caller and none of the make/cargo jobserver variables of the running cargo.
+fn clean(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for var in [
+        "SSMK_LIBRARY",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "VIRTUAL_ENV",
+        "CARGO_MAKEFLAGS",
+        "MAKEFLAGS",
+        "MFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        .env("PIP_PROGRESS_BAR", "off");
+    cmd
+}
+
+fn step<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    println!("== python package: {what}");
+    let start = Instant::now();
+    let out = f();
+    println!(
+        "== python package: {what}: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    out
+}
+
+fn run(mut cmd: Command, what: &str) -> String {
+    println!("$ {cmd:?}");
+    let out = run_ok(&mut cmd, what);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn python_cmd(python: &Path, args: &[&str]) -> Command {
+    let mut cmd = clean(python);
+    cmd.args(args);
+    cmd
+}
+
+/// The torch venv, created or completed when its requirements are not all there.
+fn torch_venv(python: &str) -> PathBuf {
+    let venv = std::env::var_os("SSMK_PY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("py-ssmk"));
+    let py = venv_python(&venv);
+    let marker = venv.join("ssmk-requirements.txt");
+    let wanted = TORCH_VENV_REQUIREMENTS.join("\n");
+    let usable = python_cmd(&py, &["-c", "import torch, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if usable && std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
+        println!(
+            "== python package: reusing {} ({})",
+            venv.display(),
+            TORCH_VENV_REQUIREMENTS.join(" ")
+        );
+        return venv;
+    }
+    step(
+        &format!(
+            "install {} into {}",
+            wanted.replace('\n', " "),
+            venv.display()
+        ),
+        || {
+            if !py.exists() || !usable {
+                let mut cmd = clean(python);
+                cmd.args(["-m", "venv", "--clear"]).arg(&venv);
+                run(cmd, "create the torch venv");
+            }
+            let mut cmd = python_cmd(&py, &["-m", "pip", "install", "-q"]);
+            cmd.args(TORCH_VENV_REQUIREMENTS);
+            run(cmd, "pip install the torch venv's requirements");
+        },
+    );
+    std::fs::write(&marker, wanted).unwrap();
+    venv
+}
+
+fn check_versions_agree() {
+    let version = env!("CARGO_PKG_VERSION");
+    let pyproject =
+        std::fs::read_to_string(repo().join("cbindings/python/pyproject.toml")).unwrap();
+    assert!(
+        pyproject
+            .lines()
+            .any(|l| l.trim() == format!("version = \"{version}\"")),
+        "cbindings/python/pyproject.toml: [project] version must be Cargo's {version}"
+    );
+    let init = std::fs::read_to_string(repo().join("cbindings/python/ssmk/__init__.py")).unwrap();
+    assert!(
+        init.contains(&format!("__version__ = \"{version}\"")),
+        "cbindings/python/ssmk/__init__.py: __version__ must be Cargo's {version}"
+    );
+}
+
+/// In the venv without torch: the package imports, finds its own library and leaves torch alone.
+const FRESH_CHECK: &str = r#"
+import importlib.util, os, sys
+import ssmk
+assert "torch" not in sys.modules, "import ssmk imported torch"
+here = os.path.dirname(os.path.abspath(ssmk.__file__))
+assert os.path.dirname(os.path.abspath(ssmk.library_path)) == here, ssmk.library_path
+assert ssmk.__version__ == ssmk.version(), (ssmk.__version__, ssmk.version())
+assert importlib.util.find_spec("ssmk.torch") is not None, "ssmk/torch.py missing from the wheel"
+try:
+    import ssmk.torch
+except ModuleNotFoundError as e:
+    assert e.name == "torch", e
+else:
+    raise AssertionError("ssmk.torch imported without torch installed")
+print("installed at", here, "library", os.path.basename(ssmk.library_path))
+"#;
+
+#[test]
+fn python_package_wheel_installs_and_torch_ops_pass() {
+    if std::env::var_os("SSMK_SKIP_PYTHON_PACKAGE").is_some_and(|v| v == "1") {
+        eprintln!("SSMK_SKIP_PYTHON_PACKAGE=1: skipped");
+        return;
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    if Command::new(&python).arg("--version").output().is_err() {
+        eprintln!("{python} not found: skipped (.ci/run installs python3)");
+        return;
+    }
+    check_versions_agree();
+    let total = Instant::now();
+    let target = target_dir();
+    let scratch = common::native::scratch("python-package");
+
+    // 1. The venv with torch (the "install whatever the tests need" of CI), reused when present.
+    let torch_venv = torch_venv(&python);
+
+    // 2. A fresh venv without torch; the wheel is built with its pip and installed into it.
+    let fresh = target.join("py-fresh");
+    let fresh_py = venv_python(&fresh);
+    step("create a fresh venv", || {
+        let mut cmd = clean(&python);
+        cmd.args(["-m", "venv", "--clear"]).arg(&fresh);
+        run(cmd, "create the fresh venv");
+    });
+    let wheels = scratch.join("wheels");
+    let wheel = step("build the wheel (pip wheel ./cbindings/python)", || {
+        let mut cmd = python_cmd(&fresh_py, &["-m", "pip", "wheel", "--no-deps", "-w"]);
+        cmd.arg(&wheels)
+            .arg(repo().join("cbindings/python"))
+            .env(
+                "CARGO_TARGET_DIR",
+                std::env::var_os("SSMK_PY_CARGO_TARGET_DIR")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| target.join("py-cargo")),
+            )
+            .current_dir(&scratch);
+        run(cmd, "pip wheel");
+        let mut found: Vec<PathBuf> = std::fs::read_dir(&wheels)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "whl"))
+            .collect();
+        assert_eq!(found.len(), 1, "one wheel expected: {found:?}");
+        found.pop().unwrap()
+    });
+    println!("== python package: wheel {}", wheel.display());
+    step(
+        "install the wheel into the fresh venv and import it",
+        || {
+            let mut cmd = python_cmd(
+                &fresh_py,
+                &["-m", "pip", "install", "--no-index", "--no-deps"],
+            );
+            cmd.arg(&wheel);
+            run(cmd, "pip install the wheel (fresh venv)");
+            let mut cmd = python_cmd(
+                &fresh_py,
+                &[
+                    "-c",
+                    "import ssmk; print(ssmk.version(), ssmk.active_isa())",
+                ],
+            );
+            cmd.current_dir(&scratch);
+            let printed = run(cmd, "import ssmk in the fresh venv");
+            assert!(
+                printed.starts_with(env!("CARGO_PKG_VERSION")),
+                "printed {printed:?}"
+            );
+            let mut cmd = python_cmd(&fresh_py, &["-c", FRESH_CHECK]);
+            cmd.current_dir(&scratch);
+            run(cmd, "the installed package without torch");
+        },
+    );
+
+    // 3. The same wheel in the torch venv, then the torch-op tests against the installed package.
+    let torch_py = venv_python(&torch_venv);
+    step("install the wheel into the torch venv", || {
+        let mut cmd = python_cmd(
+            &torch_py,
+            &[
+                "-m",
+                "pip",
+                "install",
+                "--no-index",
+                "--no-deps",
+                "--force-reinstall",
+            ],
+        );
+        cmd.arg(&wheel);
+        run(cmd, "pip install the wheel (torch venv)");
+    });
+    for dir in TORCH_TEST_DIRS {
+        step(&format!("run {dir}"), || {
+            let mut cmd = python_cmd(&torch_py, &["-m", "unittest", "discover", "-v", "-s"]);
+            cmd.arg(repo().join(dir)).current_dir(&scratch);
+            run(cmd, dir);
+        });
+    }
+    println!(
+        "== python package: done in {:.1} s",
+        total.elapsed().as_secs_f64()
+    );
+}

@@ -12,48 +12,24 @@ mod common;
 
 use std::collections::HashMap;
 
+use common::recurrent::{
+    PAD, RecurrentCall, RefSeq, SeqArgs, Written, check_out, check_state_pool, cu_seqlens, fill,
+    one_call_per_sequence, plain_seqs, ptr, ptr_mut, reversed_slots, run_every_isa, run_reference,
+    set_slots, shuffled_slots, slot_table, spec_seqs, tol, values,
+};
 use common::{Rng, SEQ_LEN_LISTS, Tensor, assert_error};
-use half::bf16;
-use ssmk::dtype::{DType, Element};
+use ssmk::dtype::DType;
 use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
 use ssmk::ffi::gdn::{
     SSMK_GDN_GQA_TILED, SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating,
 };
 use ssmk::ffi::status::*;
 use ssmk::kernels::gdn::Path;
-use ssmk::runtime::{Isa, with_isa};
+use ssmk::runtime::Isa;
 use ssmk::tensor::ssmk_tensor;
 
-const PAD: i64 = -1;
-
-#[derive(Clone, Copy, Debug)]
-struct Tol {
-    atol: f64,
-    rtol: f64,
-}
-
-fn tol(dtype: DType) -> Tol {
-    match dtype {
-        DType::F32 => Tol {
-            atol: 1e-4,
-            rtol: 1e-4,
-        },
-        DType::F16 => Tol {
-            atol: 2e-4,
-            rtol: 2e-3,
-        },
-        _ => Tol {
-            atol: 1e-3,
-            rtol: 8e-3,
-        },
-    }
-}
-
-fn close(got: f64, want: f64, t: Tol) -> bool {
-    (got - want).abs() <= t.atol + t.rtol * want.abs()
-}
-
 /// One call's tensors.
+#[derive(Clone)]
 struct Gdn {
     t: usize,
     h: usize,
@@ -74,61 +50,6 @@ struct Gdn {
     eps: f32,
     scale: f32,
     out: Tensor,
-}
-
-/// All elements as f64, row-major; fast for compact tensors.
-fn values(t: &Tensor) -> Vec<f64> {
-    if t.strides.is_some() {
-        return t.to_vec();
-    }
-    let n = t.numel();
-    let p = t.base();
-    unsafe {
-        match t.dtype {
-            DType::F32 => std::slice::from_raw_parts(p.cast::<f32>(), n)
-                .iter()
-                .map(|&x| x as f64)
-                .collect(),
-            DType::BF16 => std::slice::from_raw_parts(p.cast::<bf16>(), n)
-                .iter()
-                .map(|&x| x.to_f32() as f64)
-                .collect(),
-            DType::F16 => std::slice::from_raw_parts(p.cast::<half::f16>(), n)
-                .iter()
-                .map(|&x| x.to_f32() as f64)
-                .collect(),
-            _ => t.to_vec(),
-        }
-    }
-}
-
-/// Fills with `f(uniform)`; fast for compact tensors.
-fn fill(t: &mut Tensor, rng: &mut Rng, f: impl Fn(f64) -> f64) {
-    if t.strides.is_none() && t.dtype.is_float() {
-        let n = t.numel();
-        let p = t.base();
-        for i in 0..n {
-            let x = f(rng.uniform()) as f32;
-            unsafe {
-                match t.dtype {
-                    DType::F32 => p.cast::<f32>().add(i).write(x),
-                    DType::BF16 => p
-                        .cast::<bf16>()
-                        .add(i)
-                        .write(<bf16 as Element>::from_f32(x)),
-                    _ => p
-                        .cast::<half::f16>()
-                        .add(i)
-                        .write(<half::f16 as Element>::from_f32(x)),
-                }
-            }
-        }
-        return;
-    }
-    for i in t.indices() {
-        let u = rng.uniform();
-        t.set(&i, f(u));
-    }
 }
 
 impl Gdn {
@@ -217,7 +138,7 @@ impl Gdn {
 
     /// The same call with the per-head `g` `[T, HV]` repeated over every key channel.
     fn with_broadcast_decays(&self) -> Gdn {
-        let mut p = self.clone_all();
+        let mut p = self.clone();
         let (t, hv, kd) = (self.t, self.hv, self.kd);
         let g = values(&self.g);
         let wide = Tensor::zeros(DType::F32, &[t, hv, kd]);
@@ -230,17 +151,8 @@ impl Gdn {
     }
 
     fn with_seqs(mut self, lens: &[usize]) -> Gdn {
-        let mut cu = vec![0i64];
-        for &l in lens {
-            cu.push(cu.last().unwrap() + l as i64);
-        }
-        self.cu = Some(Tensor::ints(DType::I32, &cu));
+        self.cu = Some(cu_seqlens(lens));
         self
-    }
-
-    /// Calls through `f` with every descriptor.
-    fn call_raw(&mut self, f: impl FnOnce(&Descs) -> i32) -> i32 {
-        self.call_mut(|_| {}, f)
     }
 
     /// Calls through `f` after `m` edits the descriptors.
@@ -266,44 +178,15 @@ impl Gdn {
         m(&mut d);
         f(&d)
     }
+}
+
+impl RecurrentCall for Gdn {
+    fn args(&self) -> SeqArgs<'_> {
+        SeqArgs::new(&self.out, &self.state, &self.cu, &self.idx, &self.init)
+    }
 
     fn call(&mut self, ctx: *const ssmk_context) -> i32 {
-        self.call_raw(|d| unsafe { export(ctx, d) })
-    }
-
-    fn call_with(&mut self, isa: Isa, path: Path, ctx: *const ssmk_context) -> i32 {
-        self.call_raw(|d| with_isa(isa, || path.with(|| unsafe { export(ctx, d) })))
-    }
-
-    fn clone_all(&self) -> Gdn {
-        let c = |t: &Tensor| Tensor {
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            strides: t.strides.clone(),
-            storage: t.storage.clone(),
-        };
-        let o = |t: &Option<Tensor>| t.as_ref().map(c);
-        Gdn {
-            t: self.t,
-            h: self.h,
-            hv: self.hv,
-            kd: self.kd,
-            vd: self.vd,
-            q: c(&self.q),
-            k: c(&self.k),
-            v: c(&self.v),
-            g: c(&self.g),
-            beta: c(&self.beta),
-            state: o(&self.state),
-            cu: o(&self.cu),
-            idx: o(&self.idx),
-            init: o(&self.init),
-            accepted: o(&self.accepted),
-            flags: self.flags,
-            eps: self.eps,
-            scale: self.scale,
-            out: c(&self.out),
-        }
+        self.call_mut(|_| {}, |d| unsafe { export(ctx, d) })
     }
 }
 
@@ -348,31 +231,6 @@ struct Descs {
     eps: f32,
 }
 
-fn ptr(d: &Option<ssmk_tensor>) -> *const ssmk_tensor {
-    d.as_ref().map_or(std::ptr::null(), |d| d as *const _)
-}
-
-fn ptr_mut(d: &Option<ssmk_tensor>) -> *mut ssmk_tensor {
-    ptr(d).cast_mut()
-}
-
-/// What the reference says one sequence does.
-#[derive(Clone, Debug)]
-enum Writes {
-    Nothing,
-    Final(usize),
-    PerToken(Vec<usize>),
-}
-
-#[derive(Clone, Debug)]
-struct RefSeq {
-    start: usize,
-    len: usize,
-    padded: bool,
-    read: Option<usize>,
-    writes: Writes,
-}
-
 /// Expected outputs: out rows (None = untouched) and the state of every written slot.
 struct Expect {
     out: Vec<Option<f64>>,
@@ -398,162 +256,83 @@ fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
     };
     let l2 = p.flags & SSMK_GDN_QK_L2NORM != 0;
     let per_channel = p.g.shape.len() == 3;
-    let mut exp = Expect {
-        out: vec![None; p.t * hv_n * vd],
-        states: HashMap::new(),
-    };
-    for s in seqs {
-        if s.padded {
-            for t in s.start..s.start + s.len {
-                for i in 0..hv_n * vd {
-                    exp.out[t * hv_n * vd + i] = Some(0.0);
-                }
-            }
-            continue;
-        }
-        let mut state = match s.read {
-            Some(slot) => st0.as_ref().unwrap()[slot * slot_len..(slot + 1) * slot_len].to_vec(),
-            None => vec![0.0; slot_len],
+    let mut out = vec![None; p.t * hv_n * vd];
+    let states = run_reference(seqs, st0.as_deref(), slot_len, |t, state| {
+        let Some(state) = state else {
+            out[t * hv_n * vd..][..hv_n * vd].fill(Some(0.0));
+            return;
         };
-        for (i, t) in (s.start..s.start + s.len).enumerate() {
-            for hv in 0..hv_n {
-                let h = match p.flags & SSMK_GDN_GQA_TILED != 0 {
-                    true => hv % h_n,
-                    false => hv / (hv_n / h_n),
-                };
-                let norm = |x: &[f64]| {
-                    if l2 {
-                        1.0 / (x.iter().map(|a| a * a).sum::<f64>() + p.eps as f64).sqrt()
-                    } else {
-                        1.0
-                    }
-                };
-                let qr = &q[(t * h_n + h) * kd..][..kd];
-                let kr = &k[(t * h_n + h) * kd..][..kd];
-                let (qn, kn) = (norm(qr), norm(kr));
-                // a_t per state row: one per v-head, or one per key channel (KDA).
-                let a: Vec<f64> = match per_channel {
-                    true => g[(t * hv_n + hv) * kd..][..kd]
-                        .iter()
-                        .map(|x| x.exp())
-                        .collect(),
-                    false => vec![g[t * hv_n + hv].exp(); kd],
-                };
-                let b = beta[t * hv_n + hv];
-                let sm = &mut state[hv * kd * vd..][..kd * vd];
-                let mut kv = vec![0f64; vd];
-                for (r, &a) in a.iter().enumerate() {
-                    let kr = kr[r] * kn;
-                    for j in 0..vd {
-                        sm[r * vd + j] *= a;
-                        kv[j] += sm[r * vd + j] * kr;
-                    }
+        for hv in 0..hv_n {
+            let h = match p.flags & SSMK_GDN_GQA_TILED != 0 {
+                true => hv % h_n,
+                false => hv / (hv_n / h_n),
+            };
+            let norm = |x: &[f64]| {
+                if l2 {
+                    1.0 / (x.iter().map(|a| a * a).sum::<f64>() + p.eps as f64).sqrt()
+                } else {
+                    1.0
                 }
-                let delta: Vec<f64> = (0..vd)
-                    .map(|j| b * (v[(t * hv_n + hv) * vd + j] - kv[j]))
-                    .collect();
-                let mut o = vec![0f64; vd];
-                for r in 0..kd {
-                    let (kr, qr) = (kr[r] * kn, qr[r] * qn);
-                    for j in 0..vd {
-                        sm[r * vd + j] += kr * delta[j];
-                        o[j] += sm[r * vd + j] * qr;
-                    }
-                }
-                for (e, o) in exp.out[(t * hv_n + hv) * vd..][..vd].iter_mut().zip(&o) {
-                    *e = Some(o * scale);
+            };
+            let qr = &q[(t * h_n + h) * kd..][..kd];
+            let kr = &k[(t * h_n + h) * kd..][..kd];
+            let (qn, kn) = (norm(qr), norm(kr));
+            // a_t per state row: one per v-head, or one per key channel (KDA).
+            let a: Vec<f64> = match per_channel {
+                true => g[(t * hv_n + hv) * kd..][..kd]
+                    .iter()
+                    .map(|x| x.exp())
+                    .collect(),
+                false => vec![g[t * hv_n + hv].exp(); kd],
+            };
+            let b = beta[t * hv_n + hv];
+            let sm = &mut state[hv * kd * vd..][..kd * vd];
+            let mut kv = vec![0f64; vd];
+            for (r, &a) in a.iter().enumerate() {
+                let kr = kr[r] * kn;
+                for j in 0..vd {
+                    sm[r * vd + j] *= a;
+                    kv[j] += sm[r * vd + j] * kr;
                 }
             }
-            if let Writes::PerToken(slots) = &s.writes {
-                exp.states.insert(slots[i], state.clone());
+            let delta: Vec<f64> = (0..vd)
+                .map(|j| b * (v[(t * hv_n + hv) * vd + j] - kv[j]))
+                .collect();
+            let mut o = vec![0f64; vd];
+            for r in 0..kd {
+                let (kr, qr) = (kr[r] * kn, qr[r] * qn);
+                for j in 0..vd {
+                    sm[r * vd + j] += kr * delta[j];
+                    o[j] += sm[r * vd + j] * qr;
+                }
+            }
+            for (e, o) in out[(t * hv_n + hv) * vd..][..vd].iter_mut().zip(&o) {
+                *e = Some(o * scale);
             }
         }
-        if let Writes::Final(slot) = s.writes {
-            exp.states.insert(slot, state);
-        }
-    }
-    exp
+    });
+    Expect { out, states }
 }
 
 /// Checks `after` against `exp`; untouched out rows and state slots must keep `before`'s bits.
 fn verify(before: &Gdn, after: &Gdn, exp: &Expect, what: &str) {
     let ot = tol(after.out.dtype);
-    let got = values(&after.out);
-    let old = values(&before.out);
-    let mut worst = 0f64;
-    for (i, e) in exp.out.iter().enumerate() {
-        match e {
-            Some(w) => {
-                worst = worst.max((got[i] - w).abs());
-                assert!(
-                    close(got[i], *w, ot),
-                    "{what}: out[{i}] = {} vs reference {w} (tol {ot:?})",
-                    got[i]
-                );
-            }
-            None => assert_eq!(
-                got[i].to_bits(),
-                old[i].to_bits(),
-                "{what}: out[{i}] outside every sequence was written"
-            ),
-        }
-    }
+    let pos = |i| format!("out[{i}]");
+    check_out(&before.out, &after.out, &exp.out, what, pos, |i, g, w| {
+        assert!(
+            ot.close(g, w),
+            "{what}: out[{i}] = {g} vs reference {w} (tol {ot:?})"
+        )
+    });
     if let (Some(sa), Some(sb)) = (&after.state, &before.state) {
         let st = tol(sa.dtype);
-        let (ga, gb) = (values(sa), values(sb));
-        let slot_len = after.hv * after.kd * after.vd;
-        for slot in 0..sa.shape[0] as usize {
-            let range = slot * slot_len..(slot + 1) * slot_len;
-            match exp.states.get(&slot) {
-                Some(w) => {
-                    for (i, (g, w)) in ga[range].iter().zip(w).enumerate() {
-                        assert!(
-                            close(*g, *w, st),
-                            "{what}: state slot {slot} [{i}] = {g} vs reference {w} (tol {st:?})"
-                        );
-                    }
-                }
-                None => assert!(
-                    ga[range.clone()] == gb[range],
-                    "{what}: state slot {slot} was written"
-                ),
-            }
-        }
+        check_state_pool(sb, sa, &exp.states, what, |slot, i, g, w| {
+            assert!(
+                st.close(g, w),
+                "{what}: state slot {slot} [{i}] = {g} vs reference {w} (tol {st:?})"
+            )
+        });
     }
-}
-
-/// Sequences of an ordinary (non-speculative) call as the ABI defines them.
-fn plain_seqs(p: &Gdn) -> Vec<RefSeq> {
-    let cu: Vec<usize> = match &p.cu {
-        Some(c) => values(c).iter().map(|&x| x as usize).collect(),
-        None => vec![0, p.t],
-    };
-    let b = cu.len() - 1;
-    let idx: Vec<i64> = match &p.idx {
-        Some(i) => values(i).iter().map(|&x| x as i64).collect(),
-        None => (0..b as i64).collect(),
-    };
-    let init: Vec<bool> = match &p.init {
-        Some(i) => values(i).iter().map(|&x| x != 0.0).collect(),
-        None => vec![false; b],
-    };
-    (0..b)
-        .map(|s| {
-            let padded = idx[s] == PAD;
-            let slot = idx[s] as usize;
-            RefSeq {
-                start: cu[s],
-                len: cu[s + 1] - cu[s],
-                padded,
-                read: (!padded && init[s]).then_some(slot),
-                writes: if padded || p.state.is_none() {
-                    Writes::Nothing
-                } else {
-                    Writes::Final(slot)
-                },
-            }
-        })
-        .collect()
 }
 
 /// A batch of `lens` over a pool with two spare slots, slots reversed, alternate initial states.
@@ -580,41 +359,16 @@ fn batch_case(
         l2norm,
     )
     .with_seqs(lens);
-    p.idx = Some(Tensor::ints(
-        DType::I64,
-        &(0..lens.len())
-            .map(|b| (slots - 1 - b) as i64)
-            .collect::<Vec<_>>(),
-    ));
-    p.init = Some(Tensor::ints(
-        DType::Bool,
-        &(0..lens.len())
-            .map(|b| (b % 2 == 0) as i64)
-            .collect::<Vec<_>>(),
-    ));
+    let (idx, init) = reversed_slots(lens.len(), slots);
+    (p.idx, p.init) = (Some(idx), Some(init));
     p
 }
 
 /// Every level of [`Isa::under_test`] (the SIMD ones on every path) against the f64 reference.
 fn run_and_verify(p: &Gdn, what: &str) {
     let exp = reference(p, &plain_seqs(p));
-    for isa in Isa::under_test() {
-        let paths: &[Path] = if isa == Isa::Scalar {
-            &[Path::Auto] // the crate's f64 recurrence has one path
-        } else {
-            &[Path::Auto, Path::Recurrent, Path::Chunked]
-        };
-        for &path in paths {
-            let mut a = p.clone_all();
-            assert_eq!(
-                a.call_with(isa, path, std::ptr::null()),
-                SSMK_OK,
-                "{what}: {}",
-                common::last_error()
-            );
-            verify(p, &a, &exp, &format!("{what} [{isa:?} {path:?}]"));
-        }
-    }
+    let paths = [Path::Auto, Path::Recurrent, Path::Chunked];
+    run_every_isa(p, &paths, what, |a, what| verify(p, a, &exp, what));
 }
 
 const HEADS: [(usize, usize); 2] = [(2, 4), (4, 4)];
@@ -774,7 +528,7 @@ fn every_isa_kda_equal_channels_match_per_head_gate() {
         let wide = scalar.with_broadcast_decays();
         for isa in Isa::under_test() {
             for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
-                let (mut a, mut b) = (scalar.clone_all(), wide.clone_all());
+                let (mut a, mut b) = (scalar.clone(), wide.clone());
                 for x in [&mut a, &mut b] {
                     let code = x.call_with(isa, path, std::ptr::null());
                     assert_eq!(code, SSMK_OK, "{}", common::last_error());
@@ -783,14 +537,10 @@ fn every_isa_kda_equal_channels_match_per_head_gate() {
                     (&b.out, &a.out),
                     (b.state.as_ref().unwrap(), a.state.as_ref().unwrap()),
                 ] {
-                    let t = tol(x.dtype);
-                    let t = Tol {
-                        atol: 2.0 * t.atol,
-                        rtol: 2.0 * t.rtol,
-                    };
+                    let t = tol(x.dtype).times(2.0);
                     for (j, (g, w)) in values(x).iter().zip(values(y)).enumerate() {
                         assert!(
-                            close(*g, w, t),
+                            t.close(*g, w),
                             "{isa:?} {path:?} lens {lens:?}: [{j}] per-channel {g} vs per-head {w}"
                         );
                     }
@@ -865,46 +615,25 @@ fn two_calls_equal_one_call() {
             }
             one.idx = Some(Tensor::ints(DType::I32, &[1]));
             one.init = Some(Tensor::ints(DType::U8, &[1]));
-            let mut two = one.clone_all();
-            assert_eq!(
-                one.call(std::ptr::null()),
-                SSMK_OK,
-                "{}",
-                common::last_error()
-            );
-            two.cu = Some(Tensor::ints(DType::I32, &[0, split as i64]));
-            assert_eq!(
-                two.call(std::ptr::null()),
-                SSMK_OK,
-                "{}",
-                common::last_error()
-            );
-            two.cu = Some(Tensor::ints(DType::I32, &[split as i64, t as i64]));
-            assert_eq!(
-                two.call(std::ptr::null()),
-                SSMK_OK,
-                "{}",
-                common::last_error()
-            );
+            let mut two = one.clone();
             let what = format!("T {t} split {split} state {state:?} kda {kda}");
+            one.run(Path::Auto, std::ptr::null(), &what);
+            two.cu = Some(Tensor::ints(DType::I32, &[0, split as i64]));
+            two.run(Path::Auto, std::ptr::null(), &what);
+            two.cu = Some(Tensor::ints(DType::I32, &[split as i64, t as i64]));
+            two.run(Path::Auto, std::ptr::null(), &what);
             let (o1, o2) = (values(&one.out), values(&two.out));
-            let ot = Tol {
-                atol: 2.0 * tol(DType::BF16).atol,
-                rtol: 2.0 * tol(DType::BF16).rtol,
-            };
+            let ot = tol(DType::BF16).times(2.0);
             for (j, (a, b)) in o1.iter().zip(&o2).enumerate() {
-                assert!(close(*b, *a, ot), "{what}: out[{j}] {b} vs one call {a}");
+                assert!(ot.close(*b, *a), "{what}: out[{j}] {b} vs one call {a}");
             }
             let (s1, s2) = (
                 values(one.state.as_ref().unwrap()),
                 values(two.state.as_ref().unwrap()),
             );
-            let st = Tol {
-                atol: 2.0 * tol(state).atol,
-                rtol: 2.0 * tol(state).rtol,
-            };
+            let st = tol(state).times(2.0);
             for (j, (a, b)) in s1.iter().zip(&s2).enumerate() {
-                assert!(close(*b, *a, st), "{what}: state[{j}] {b} vs one call {a}");
+                assert!(st.close(*b, *a), "{what}: state[{j}] {b} vs one call {a}");
             }
         }
     }
@@ -940,26 +669,13 @@ fn mixed_batch_case(kda: bool) {
     }
     all.idx = Some(Tensor::ints(DType::I32, &slots));
     all.init = Some(Tensor::ints(DType::Bool, &init));
-    let mut sep = all.clone_all();
-    let before = all.clone_all();
-    assert_eq!(
-        all.call(std::ptr::null()),
-        SSMK_OK,
-        "{}",
-        common::last_error()
-    );
-    let mut start = 0i64;
-    for b in 0..lens.len() {
-        sep.cu = Some(Tensor::ints(DType::I32, &[start, start + lens[b] as i64]));
-        sep.idx = Some(Tensor::ints(DType::I32, &[slots[b]]));
-        sep.init = Some(Tensor::ints(DType::Bool, &[init[b]]));
-        assert_eq!(
-            sep.call(std::ptr::null()),
-            SSMK_OK,
-            "{}",
-            common::last_error()
-        );
-        start += lens[b] as i64;
+    let mut sep = all.clone();
+    let before = all.clone();
+    let what = format!("mixed batch kda {kda}");
+    all.run(Path::Auto, std::ptr::null(), &what);
+    for (cu, idx, init) in one_call_per_sequence(&lens, &slots, &init) {
+        (sep.cu, sep.idx, sep.init) = (Some(cu), Some(idx), Some(init));
+        sep.run(Path::Auto, std::ptr::null(), &what);
     }
     assert!(
         all.out.bytes() == sep.out.bytes(),
@@ -973,7 +689,7 @@ fn mixed_batch_case(kda: bool) {
         &before,
         &all,
         &reference(&before, &plain_seqs(&before)),
-        &format!("mixed batch kda {kda}"),
+        &what,
     );
 }
 
@@ -986,19 +702,7 @@ fn every_isa_speculative_matches_reference() {
     let accepted = [2i64, 0, 1, 3, 4, 1];
     let init = [1i64, 1, 1, 1, 0, 1];
     let pool = 30usize;
-    let mut rng = Rng::new(77);
-    let mut perm: Vec<i64> = (0..pool as i64).collect();
-    for i in (1..pool).rev() {
-        perm.swap(i, rng.below(i + 1));
-    }
-    let mut table = vec![PAD; lens.len() * smax];
-    let mut next = 0;
-    for b in 0..lens.len() {
-        for c in 0..smax {
-            table[b * smax + c] = perm[next];
-            next += 1;
-        }
-    }
+    let mut table = shuffled_slots(pool, 77)[..lens.len() * smax].to_vec();
     table[4 * smax] = PAD; // sequence 4 is padded
     for (state, dims, kda) in [
         (DType::F32, (32, 32), false),
@@ -1022,40 +726,15 @@ fn every_isa_speculative_matches_reference() {
         if kda {
             p = p.with_channel_decays(500);
         }
-        let mut idx = Tensor::zeros(DType::I32, &[lens.len(), smax]);
-        for b in 0..lens.len() {
-            for c in 0..smax {
-                idx.set(&[b, c], table[b * smax + c] as f64);
-            }
-        }
-        p.idx = Some(idx);
+        p.idx = Some(slot_table(DType::I32, &table, smax));
         p.accepted = Some(Tensor::ints(DType::I64, &accepted));
         p.init = Some(Tensor::ints(DType::I32, &init));
         p.eps = 1e-5;
-        let mut start = 0;
-        let seqs: Vec<RefSeq> = (0..lens.len())
-            .map(|b| {
-                let row = &table[b * smax..(b + 1) * smax];
-                let s = RefSeq {
-                    start,
-                    len: lens[b],
-                    padded: row[0] == PAD,
-                    read: (row[0] != PAD && init[b] != 0)
-                        .then(|| row[(accepted[b] - 1).max(0) as usize] as usize),
-                    writes: if row[0] == PAD {
-                        Writes::Nothing
-                    } else {
-                        Writes::PerToken(row[..lens[b]].iter().map(|&x| x as usize).collect())
-                    },
-                };
-                start += lens[b];
-                s
-            })
-            .collect();
+        let seqs = spec_seqs(&lens, &accepted, &init, &table, smax, true);
         let exp = reference(&p, &seqs);
         assert!(exp.states.len() == 12, "the case writes twelve states");
         for isa in Isa::under_test() {
-            let mut a = p.clone_all();
+            let mut a = p.clone();
             let code = a.call_with(isa, Path::Auto, std::ptr::null());
             assert_eq!(code, SSMK_OK, "{}", common::last_error());
             verify(
@@ -1123,9 +802,9 @@ fn every_isa_speculative_pad_entry_skips_that_state_write() {
         };
         for isa in Isa::under_test() {
             let what = format!("{isa:?} state {state:?} kda {kda}");
-            let mut full = p.clone_all();
+            let mut full = p.clone();
             full.idx = Some(idx(false));
-            let mut padded = p.clone_all();
+            let mut padded = p.clone();
             padded.idx = Some(idx(true));
             for a in [&mut full, &mut padded] {
                 let code = a.call_with(isa, Path::Auto, std::ptr::null());
@@ -1184,12 +863,11 @@ fn padding_case(kda: bool) {
     let mut p = with_decays(p, 600);
     p.idx = Some(Tensor::ints(DType::I32, &[PAD, 4, 2, 0, PAD]));
     p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 1, 0, 1]));
-    let mut a = p.clone_all();
-    assert_eq!(
-        a.call(std::ptr::null()),
-        SSMK_OK,
-        "{}",
-        common::last_error()
+    let mut a = p.clone();
+    a.run(
+        Path::Auto,
+        std::ptr::null(),
+        "pad slots and empty sequences",
     );
     verify(
         &p,
@@ -1218,13 +896,8 @@ fn padding_case(kda: bool) {
     )
     .with_seqs(&[1, 69]);
     let mut p = with_decays(p, 601);
-    let mut a = p.clone_all();
-    assert_eq!(
-        a.call(std::ptr::null()),
-        SSMK_OK,
-        "{}",
-        common::last_error()
-    );
+    let mut a = p.clone();
+    a.run(Path::Auto, std::ptr::null(), "NULL has_initial_state");
     verify(
         &p,
         &a,
@@ -1234,13 +907,8 @@ fn padding_case(kda: bool) {
 
     p.state = None;
     p.idx = Some(Tensor::ints(DType::I32, &[PAD, 12345]));
-    let mut a = p.clone_all();
-    assert_eq!(
-        a.call(std::ptr::null()),
-        SSMK_OK,
-        "{}",
-        common::last_error()
-    );
+    let mut a = p.clone();
+    a.run(Path::Auto, std::ptr::null(), "NULL state");
     verify(&p, &a, &reference(&p, &plain_seqs(&p)), "NULL state");
 }
 
@@ -1273,8 +941,8 @@ fn threads_case(kda: bool) {
     let mut results = Vec::new();
     for threads in [1, 2] {
         let ctx = ssmk_context_create(threads);
-        let mut a = p.clone_all();
-        assert_eq!(a.call(ctx), SSMK_OK, "{}", common::last_error());
+        let mut a = p.clone();
+        a.run(Path::Auto, ctx, &format!("kda {kda}, {threads} threads"));
         unsafe { ssmk_context_destroy(ctx) };
         results.push((a.out.bytes(), a.state.as_ref().unwrap().bytes()));
     }
@@ -1314,14 +982,14 @@ fn every_isa_case(dims: (usize, usize), state: DType, kda: bool) {
         p = p.with_channel_decays(800);
     }
     p.init = Some(Tensor::ints(DType::Bool, &[1, 0, 1, 1, 0]));
-    let mut want = p.clone_all();
+    let mut want = p.clone();
     assert_eq!(
         want.call_with(Isa::Scalar, Path::Auto, std::ptr::null()),
         SSMK_OK
     );
     for isa in Isa::under_test() {
         for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
-            let mut a = p.clone_all();
+            let mut a = p.clone();
             assert_eq!(
                 a.call_with(isa, path, std::ptr::null()),
                 SSMK_OK,
@@ -1335,7 +1003,7 @@ fn every_isa_case(dims: (usize, usize), state: DType, kda: bool) {
                 let t = tol(x.dtype);
                 for (i, (g, w)) in values(x).iter().zip(values(y)).enumerate() {
                     assert!(
-                        close(*g, w, t),
+                        t.close(*g, w),
                         "{isa:?} {path:?} kda {kda}: [{i}] {g} vs reference {w}"
                     );
                 }
@@ -1406,7 +1074,7 @@ fn every_isa_gating_matches_reference() {
                 let want_b = 1.0 / (1.0 + (-b.get(&[i, h])).exp());
                 let got_b = beta.get(&[i, h]);
                 assert!(
-                    close(got_b, want_b, bt),
+                    bt.close(got_b, want_b),
                     "beta[{i}][{h}] = {got_b} vs {want_b}"
                 );
             }
@@ -1535,14 +1203,8 @@ fn delta_rule_rejects_bad_inputs() {
     };
     let spec = || {
         let mut p = base();
-        let mut idx = Tensor::zeros(DType::I32, &[2, 4]);
-        for (i, v) in [0, 1, 2, 3].iter().enumerate() {
-            idx.set(&[0, i], *v as f64);
-        }
-        for i in 0..4 {
-            idx.set(&[1, i], PAD as f64);
-        }
-        p.idx = Some(idx);
+        let table = [0, 1, 2, 3, PAD, PAD, PAD, PAD];
+        p.idx = Some(slot_table(DType::I32, &table, 4));
         p.accepted = Some(Tensor::ints(DType::I32, &[1, 1]));
         p
     };
@@ -1803,9 +1465,7 @@ fn delta_rule_rejects_bad_inputs() {
             "spec accepted dtype",
             Box::new(|p| {
                 *p = spec();
-                p.accepted = Some(Tensor {
-                    ..acc_f32_clone(&acc_f32)
-                })
+                p.accepted = Some(acc_f32.clone())
             }),
             keep(),
             SSMK_ERR_UNSUPPORTED_DTYPE,
@@ -1856,10 +1516,7 @@ fn delta_rule_rejects_bad_inputs() {
             Box::new(|p| {
                 *p = spec();
                 p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
-                let i = p.idx.as_mut().unwrap();
-                for (c, v) in [4.0, 5.0, 2.0, 6.0].into_iter().enumerate() {
-                    i.set(&[1, c], v);
-                }
+                set_slots(p.idx.as_mut().unwrap(), 1, &[4, 5, 2, 6]);
             }),
             keep(),
             SSMK_ERR_INVALID_ARGUMENT,
@@ -1872,10 +1529,7 @@ fn delta_rule_rejects_bad_inputs() {
                 p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 5]));
                 p.init = Some(Tensor::ints(DType::Bool, &[1, 1]));
                 p.accepted = Some(Tensor::ints(DType::I32, &[1, 3]));
-                let i = p.idx.as_mut().unwrap();
-                for (c, v) in [4.0, 5.0, 0.0, 7.0].into_iter().enumerate() {
-                    i.set(&[1, c], v);
-                }
+                set_slots(p.idx.as_mut().unwrap(), 1, &[4, 5, 0, 7]);
                 p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
             }),
             keep(),
@@ -1886,15 +1540,10 @@ fn delta_rule_rejects_bad_inputs() {
     for (name, setup, edit, status, fragment) in cases {
         let mut p = base();
         setup(&mut p);
-        let out_before = p.out.bytes();
-        let state_before = p.state.as_ref().map(|s| s.bytes());
+        let before = Written::of(&p);
         let code = p.call_mut(edit, |d| unsafe { export(std::ptr::null(), d) });
         assert_error(code, status, &[fragment]);
-        assert!(p.out.bytes() == out_before, "{name}: out was written");
-        assert!(
-            p.state.as_ref().map(|s| s.bytes()) == state_before,
-            "{name}: state was written"
-        );
+        before.assert_kept(&p, name);
     }
     let mut p = base();
     let code = p.call_mut(
@@ -1921,21 +1570,6 @@ fn delta_rule_rejects_bad_inputs() {
         },
     );
     assert_error(code, SSMK_ERR_NULL_POINTER, &["q is NULL"]);
-}
-
-fn acc_f32_clone(t: &Tensor) -> Tensor {
-    Tensor {
-        dtype: t.dtype,
-        shape: t.shape.clone(),
-        strides: t.strides.clone(),
-        storage: t.storage.clone(),
-    }
-}
-
-/// Silences the unused-import lint for helpers only some tests use.
-#[allow(dead_code)]
-fn _uses(_: bf16) -> f32 {
-    <bf16 as Element>::to_f32(bf16::ZERO)
 }
 
 /// Rough throughput of the performance cases (run in release:

@@ -35,88 +35,20 @@ mod common;
 
 use std::collections::HashMap;
 
+use common::recurrent::{
+    PAD, RecurrentCall, RefSeq, SeqArgs, Tol, Worst, Written, check_out, check_state_pool,
+    cu_seqlens, fill_with, one_call_per_sequence, plain_seqs, ptr, ptr_mut, reversed_slots,
+    run_every_isa, run_reference, set_slots, shuffled_slots, slot_table, spec_seqs, tol, values,
+};
 use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
-use half::{bf16, f16};
-use ssmk::dtype::{DType, Element};
+use ssmk::dtype::DType;
 use ssmk::ffi::context::ssmk_context;
 use ssmk::ffi::mamba2::{SSMK_MAMBA2_DT_SOFTPLUS, ssmk_mamba2_scan};
 use ssmk::ffi::status::*;
 use ssmk::kernels::Path;
-use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
-const PAD: i64 = -1;
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-
-#[derive(Clone, Copy, Debug)]
-struct Tol {
-    atol: f64,
-    rtol: f64,
-}
-
-/// The tolerance of a value stored in `dtype` (see the file's doc comment).
-fn tol(dtype: DType) -> Tol {
-    match dtype {
-        DType::F32 => Tol {
-            atol: 1e-4,
-            rtol: 1e-4,
-        },
-        DType::F16 => Tol {
-            atol: 2e-4,
-            rtol: 2e-3,
-        },
-        _ => Tol {
-            atol: 1e-3,
-            rtol: 8e-3,
-        },
-    }
-}
-
-impl Tol {
-    fn times(self, k: f64) -> Tol {
-        Tol {
-            atol: self.atol * k,
-            rtol: self.rtol * k,
-        }
-    }
-
-    /// The fraction of the tolerance `|got - want|` uses (> 1: violated; NaN counts as violated).
-    fn ratio(self, got: f64, want: f64) -> f64 {
-        let r = (got - want).abs() / (self.atol + self.rtol * want.abs());
-        if r.is_nan() { f64::INFINITY } else { r }
-    }
-}
-
-/// The worst element of a comparison.
-struct Worst {
-    ratio: f64,
-    at: String,
-}
-
-impl Worst {
-    fn new() -> Worst {
-        Worst {
-            ratio: 0.0,
-            at: String::from("(nothing compared)"),
-        }
-    }
-
-    fn add(&mut self, ratio: f64, at: impl FnOnce() -> String) {
-        if ratio > self.ratio || (ratio.is_infinite() && !self.ratio.is_infinite()) {
-            self.ratio = ratio;
-            self.at = at();
-        }
-    }
-
-    fn check(&self, what: &str, t: Tol) {
-        assert!(
-            self.ratio <= 1.0,
-            "{what}: {} is {:.3}x the tolerance {t:?}",
-            self.at,
-            self.ratio
-        );
-    }
-}
 
 fn report() -> bool {
     std::env::var("MAMBA2_REPORT").is_ok()
@@ -213,57 +145,6 @@ struct Scan {
     init: Option<Tensor>,
     accepted: Option<Tensor>,
     out: Tensor,
-}
-
-/// All elements as f64, row-major; fast for compact tensors.
-fn values(t: &Tensor) -> Vec<f64> {
-    if t.strides.is_some() {
-        return t.to_vec();
-    }
-    let n = t.numel();
-    let p = t.base();
-    unsafe {
-        match t.dtype {
-            DType::F32 => std::slice::from_raw_parts(p.cast::<f32>(), n)
-                .iter()
-                .map(|&x| x as f64)
-                .collect(),
-            DType::BF16 => std::slice::from_raw_parts(p.cast::<bf16>(), n)
-                .iter()
-                .map(|&x| x.to_f32() as f64)
-                .collect(),
-            DType::F16 => std::slice::from_raw_parts(p.cast::<f16>(), n)
-                .iter()
-                .map(|&x| x.to_f32() as f64)
-                .collect(),
-            _ => t.to_vec(),
-        }
-    }
-}
-
-/// Fills element `i` (row-major) with `f(i)`, rounded to the dtype; fast for compact tensors.
-fn fill_with(t: &mut Tensor, mut f: impl FnMut(usize) -> f64) {
-    if t.strides.is_none() && t.dtype.is_float() {
-        let p = t.base();
-        for i in 0..t.numel() {
-            let x = f(i) as f32;
-            unsafe {
-                match t.dtype {
-                    DType::F32 => p.cast::<f32>().add(i).write(x),
-                    DType::BF16 => p
-                        .cast::<bf16>()
-                        .add(i)
-                        .write(<bf16 as Element>::from_f32(x)),
-                    _ => p.cast::<f16>().add(i).write(<f16 as Element>::from_f32(x)),
-                }
-            }
-        }
-        return;
-    }
-    for (i, idx) in t.indices().into_iter().enumerate() {
-        let v = f(i);
-        t.set(&idx, v);
-    }
 }
 
 /// Uniform in `[lo, hi)`.
@@ -407,11 +288,7 @@ impl Scan {
     }
 
     fn with_seqs(mut self, lens: &[usize]) -> Scan {
-        let mut cu = vec![0i64];
-        for &l in lens {
-            cu.push(cu.last().unwrap() + l as i64);
-        }
-        self.cu = Some(Tensor::ints(DType::I32, &cu));
+        self.cu = Some(cu_seqlens(lens));
         self
     }
 
@@ -440,18 +317,15 @@ impl Scan {
         m(&mut d);
         f(&d)
     }
+}
 
-    fn call_with(&mut self, isa: Isa, path: Path, ctx: *const ssmk_context) -> i32 {
-        self.call_mut(
-            |_| {},
-            |d| with_isa(isa, || path.with(|| unsafe { export(ctx, d) })),
-        )
+impl RecurrentCall for Scan {
+    fn args(&self) -> SeqArgs<'_> {
+        SeqArgs::new(&self.out, &self.state, &self.cu, &self.idx, &self.init)
     }
 
-    /// Calls with the active ISA on `path`, asserting success.
-    fn run(&mut self, path: Path, ctx: *const ssmk_context, what: &str) {
-        let code = self.call_mut(|_| {}, |d| path.with(|| unsafe { export(ctx, d) }));
-        assert_eq!(code, SSMK_OK, "{what}: {}", common::last_error());
+    fn call(&mut self, ctx: *const ssmk_context) -> i32 {
+        self.call_mut(|_| {}, |d| unsafe { export(ctx, d) })
     }
 }
 
@@ -473,14 +347,6 @@ struct Descs {
     init: Option<ssmk_tensor>,
     accepted: Option<ssmk_tensor>,
     out: ssmk_tensor,
-}
-
-fn ptr(d: &Option<ssmk_tensor>) -> *const ssmk_tensor {
-    d.as_ref().map_or(std::ptr::null(), |d| d as *const _)
-}
-
-fn ptr_mut(d: &Option<ssmk_tensor>) -> *mut ssmk_tensor {
-    ptr(d).cast_mut()
 }
 
 /// The export, with every descriptor of `d`.
@@ -510,24 +376,6 @@ unsafe fn export(ctx: *const ssmk_context, d: &Descs) -> i32 {
     }
 }
 
-/// What the reference says one sequence does with the state pool.
-#[derive(Clone, Debug)]
-enum Writes {
-    Nothing,
-    Final(usize),
-    /// Speculative: the state after token `t` goes to `slots[t]` (`None`: a pad entry, not written).
-    PerToken(Vec<Option<usize>>),
-}
-
-#[derive(Clone, Debug)]
-struct RefSeq {
-    start: usize,
-    len: usize,
-    padded: bool,
-    read: Option<usize>,
-    writes: Writes,
-}
-
 /// Expected outputs: out elements (None = untouched), the scale of each output's state term
 /// (`|silu(z)| * ||h_t[p] o C_t||_2`, see [`out_bound`]) and the state of every written slot.
 struct Expect {
@@ -553,66 +401,46 @@ fn reference(p: &Scan, seqs: &[RefSeq]) -> Expect {
     let slot_len = nh * pd * nd;
     let heads_per_group = nh / ng;
     let softplus = p.flags & SSMK_MAMBA2_DT_SOFTPLUS != 0;
-    let mut exp = Expect {
-        out: vec![None; p.t * nh * pd],
-        scale: vec![0.0; p.t * nh * pd],
-        states: HashMap::new(),
-    };
-    for s in seqs {
-        if s.padded {
-            for e in &mut exp.out[s.start * nh * pd..(s.start + s.len) * nh * pd] {
-                *e = Some(0.0);
-            }
-            continue;
-        }
-        let mut state = match s.read {
-            Some(slot) => st0.as_ref().unwrap()[slot * slot_len..(slot + 1) * slot_len].to_vec(),
-            None => vec![0.0; slot_len],
+    let (mut out, mut scale) = (vec![None; p.t * nh * pd], vec![0.0; p.t * nh * pd]);
+    let states = run_reference(seqs, st0.as_deref(), slot_len, |t, state| {
+        let Some(state) = state else {
+            out[t * nh * pd..][..nh * pd].fill(Some(0.0));
+            return;
         };
-        for (i, t) in (s.start..s.start + s.len).enumerate() {
-            for h in 0..nh {
-                let grp = h / heads_per_group;
-                let mut d = dt[t * nh + h] + bias.as_ref().map_or(0.0, |b| b[h]);
-                if softplus {
-                    d = if d > 20.0 { d } else { d.exp().ln_1p() };
-                }
-                d = d.max(p.dt_min as f64).min(p.dt_max as f64);
-                let decay = (d * a[h]).exp();
-                let bt = &b[(t * ng + grp) * nd..][..nd];
-                let ct = &c[(t * ng + grp) * nd..][..nd];
-                let sm = &mut state[h * pd * nd..][..pd * nd];
-                for r in 0..pd {
-                    let e = (t * nh + h) * pd + r;
-                    let dx = d * x[e];
-                    let row = &mut sm[r * nd..][..nd];
-                    let (mut y, mut sq) = (0.0, 0.0);
-                    for j in 0..nd {
-                        row[j] = decay * row[j] + dx * bt[j];
-                        y += row[j] * ct[j];
-                        sq += (row[j] * ct[j]).powi(2);
-                    }
-                    if let Some(dv) = &dv {
-                        y += dv[h] * x[e];
-                    }
-                    let mut gate = 1.0;
-                    if let Some(z) = &z {
-                        gate = z[e] / (1.0 + (-z[e]).exp());
-                    }
-                    exp.out[e] = Some(y * gate);
-                    exp.scale[e] = sq.sqrt() * gate.abs();
-                }
+        for h in 0..nh {
+            let grp = h / heads_per_group;
+            let mut d = dt[t * nh + h] + bias.as_ref().map_or(0.0, |b| b[h]);
+            if softplus {
+                d = if d > 20.0 { d } else { d.exp().ln_1p() };
             }
-            if let Writes::PerToken(slots) = &s.writes
-                && let Some(slot) = slots[i]
-            {
-                exp.states.insert(slot, state.clone());
+            d = d.max(p.dt_min as f64).min(p.dt_max as f64);
+            let decay = (d * a[h]).exp();
+            let bt = &b[(t * ng + grp) * nd..][..nd];
+            let ct = &c[(t * ng + grp) * nd..][..nd];
+            let sm = &mut state[h * pd * nd..][..pd * nd];
+            for r in 0..pd {
+                let e = (t * nh + h) * pd + r;
+                let dx = d * x[e];
+                let row = &mut sm[r * nd..][..nd];
+                let (mut y, mut sq) = (0.0, 0.0);
+                for j in 0..nd {
+                    row[j] = decay * row[j] + dx * bt[j];
+                    y += row[j] * ct[j];
+                    sq += (row[j] * ct[j]).powi(2);
+                }
+                if let Some(dv) = &dv {
+                    y += dv[h] * x[e];
+                }
+                let mut gate = 1.0;
+                if let Some(z) = &z {
+                    gate = z[e] / (1.0 + (-z[e]).exp());
+                }
+                out[e] = Some(y * gate);
+                scale[e] = sq.sqrt() * gate.abs();
             }
         }
-        if let Writes::Final(slot) = s.writes {
-            exp.states.insert(slot, state);
-        }
-    }
-    exp
+    });
+    Expect { out, scale, states }
 }
 
 /// The tolerance of `p`'s state (f32 without a pool).
@@ -681,56 +509,28 @@ fn state_pos(p: &Scan, slot: usize, i: usize) -> String {
 /// strided storage outside each view) must keep `before`'s bits.
 fn verify(before: &Scan, after: &Scan, exp: &Expect, what: &str) {
     let st = state_tol(after);
-    let got = values(&after.out);
-    let old = values(&before.out);
     let mut worst = Worst::new();
     let mut strict = Worst::new();
     let strict_tol = tol(after.out.dtype);
-    for (i, e) in exp.out.iter().enumerate() {
-        match e {
-            Some(w) => {
-                let scale = exp.scale[i];
-                worst.add(out_ratio(after, got[i], *w, scale), || {
-                    format!(
-                        "{} = {} vs reference {w} (state-term scale {scale:.3e})",
-                        out_pos(after, i),
-                        got[i]
-                    )
-                });
-                strict.add(strict_tol.ratio(got[i], *w), String::new);
-            }
-            None => assert_eq!(
-                got[i].to_bits(),
-                old[i].to_bits(),
-                "{what}: {} outside every sequence was written",
+    let pos = |i| out_pos(after, i);
+    check_out(&before.out, &after.out, &exp.out, what, pos, |i, g, w| {
+        let scale = exp.scale[i];
+        worst.add(out_ratio(after, g, w, scale), || {
+            format!(
+                "{} = {g} vs reference {w} (state-term scale {scale:.3e})",
                 out_pos(after, i)
-            ),
-        }
-    }
+            )
+        });
+        strict.add(strict_tol.ratio(g, w), String::new);
+    });
     assert_gaps_unchanged(&before.out, &after.out, what);
     let mut sworst = Worst::new();
     if let (Some(sa), Some(sb)) = (&after.state, &before.state) {
-        let (ga, gb) = (values(sa), values(sb));
-        let slot_len = after.nh * after.p * after.n;
-        for slot in 0..sa.shape[0] as usize {
-            let range = slot * slot_len..(slot + 1) * slot_len;
-            match exp.states.get(&slot) {
-                Some(w) => {
-                    for (i, (g, w)) in ga[range].iter().zip(w).enumerate() {
-                        sworst.add(st.ratio(*g, *w), || {
-                            format!("{} = {g} vs reference {w}", state_pos(after, slot, i))
-                        });
-                    }
-                }
-                None => assert!(
-                    ga[range.clone()]
-                        .iter()
-                        .zip(&gb[range])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{what}: state slot {slot} was written"
-                ),
-            }
-        }
+        check_state_pool(sb, sa, &exp.states, what, |slot, i, g, w| {
+            sworst.add(st.ratio(g, w), || {
+                format!("{} = {g} vs reference {w}", state_pos(after, slot, i))
+            });
+        });
         assert_gaps_unchanged(sb, sa, what);
     }
     if report() {
@@ -743,57 +543,13 @@ fn verify(before: &Scan, after: &Scan, exp: &Expect, what: &str) {
     sworst.check(&format!("{what}: state"), st);
 }
 
-/// Sequences of an ordinary (non-speculative) call as the ABI defines them.
-fn plain_seqs(p: &Scan) -> Vec<RefSeq> {
-    let cu: Vec<usize> = match &p.cu {
-        Some(c) => values(c).iter().map(|&x| x as usize).collect(),
-        None => vec![0, p.t],
-    };
-    let b = cu.len() - 1;
-    let idx: Vec<i64> = match &p.idx {
-        Some(i) => values(i).iter().map(|&x| x as i64).collect(),
-        None => (0..b as i64).collect(),
-    };
-    let init: Vec<bool> = match &p.init {
-        Some(i) => values(i).iter().map(|&x| x != 0.0).collect(),
-        None => vec![false; b],
-    };
-    (0..b)
-        .map(|s| {
-            let padded = idx[s] == PAD;
-            let slot = idx[s] as usize;
-            RefSeq {
-                start: cu[s],
-                len: cu[s + 1] - cu[s],
-                padded,
-                read: (!padded && init[s]).then_some(slot),
-                writes: if padded || p.state.is_none() {
-                    Writes::Nothing
-                } else {
-                    Writes::Final(slot)
-                },
-            }
-        })
-        .collect()
-}
-
 /// A batch of `lens` over a pool with two spare slots, slots reversed, alternate initial states.
 fn batch_case(seed: u64, lens: &[usize], dims: (usize, usize, usize, usize), o: Opts) -> Scan {
     let t: usize = lens.iter().sum();
     let slots = lens.len() + 2;
     let mut p = Scan::new(seed, t, dims, o, slots).with_seqs(lens);
-    p.idx = Some(Tensor::ints(
-        DType::I64,
-        &(0..lens.len())
-            .map(|b| (slots - 1 - b) as i64)
-            .collect::<Vec<_>>(),
-    ));
-    p.init = Some(Tensor::ints(
-        DType::Bool,
-        &(0..lens.len())
-            .map(|b| (b % 2 == 0) as i64)
-            .collect::<Vec<_>>(),
-    ));
+    let (idx, init) = reversed_slots(lens.len(), slots);
+    (p.idx, p.init) = (Some(idx), Some(init));
     p
 }
 
@@ -816,19 +572,8 @@ fn hard_then_soft(p: &mut Scan, h: usize, big: f64, small: f64) {
 /// Both paths at every SIMD level of [`Isa::under_test`] (`Isa::Scalar`, the crate's f64
 /// recurrence, has one) against `exp`.
 fn verify_every_isa(p: &Scan, exp: &Expect, what: &str) {
-    for isa in Isa::under_test() {
-        let paths: &[Path] = if isa == Isa::Scalar {
-            &[Path::Auto]
-        } else {
-            &[Path::Recurrent, Path::Chunked]
-        };
-        for &path in paths {
-            let mut a = p.clone();
-            let code = a.call_with(isa, path, std::ptr::null());
-            assert_eq!(code, SSMK_OK, "{what}: {}", common::last_error());
-            verify(p, &a, exp, &format!("{what} [{isa:?} {path:?}]"));
-        }
-    }
+    let paths = [Path::Recurrent, Path::Chunked];
+    run_every_isa(p, &paths, what, |a, what| verify(p, a, exp, what));
 }
 
 fn run_and_verify(p: &Scan, what: &str) {
@@ -1102,13 +847,9 @@ fn mixed_batch_equals_separate_calls() {
             let mut one = before.clone();
             one.run(path, std::ptr::null(), &what);
             let mut sep = before.clone();
-            let mut start = 0i64;
-            for b in 0..lens.len() {
-                sep.cu = Some(Tensor::ints(DType::I32, &[start, start + lens[b] as i64]));
-                sep.idx = Some(Tensor::ints(DType::I32, &[slots[b]]));
-                sep.init = Some(Tensor::ints(DType::Bool, &[init[b]]));
+            for (cu, idx, init) in one_call_per_sequence(&lens, &slots, &init) {
+                (sep.cu, sep.idx, sep.init) = (Some(cu), Some(idx), Some(init));
                 sep.run(path, std::ptr::null(), &what);
-                start += lens[b] as i64;
             }
             assert!(one.out.bytes() == sep.out.bytes(), "{what}: outputs differ");
             assert!(
@@ -1146,12 +887,7 @@ const SPEC: [(usize, i64, i64, &[usize]); 10] = [
 /// A `[B, Smax]` slot table of distinct shuffled slots over a pool of `pool`, with the pads of
 /// [`SPEC`].
 fn spec_table(pool: usize, seed: u64) -> Vec<i64> {
-    let mut rng = Rng::new(seed);
-    let mut perm: Vec<i64> = (0..pool as i64).collect();
-    for i in (1..pool).rev() {
-        perm.swap(i, rng.below(i + 1));
-    }
-    let mut table = perm[..SPEC.len() * SPEC_SMAX].to_vec();
+    let mut table = shuffled_slots(pool, seed)[..SPEC.len() * SPEC_SMAX].to_vec();
     for (b, (_, _, _, pads)) in SPEC.iter().enumerate() {
         for &c in pads.iter() {
             table[b * SPEC_SMAX + c] = PAD;
@@ -1171,41 +907,17 @@ fn spec_case(seed: u64, dims: (usize, usize, usize, usize), o: Opts) -> (Scan, V
         .collect();
     let table = spec_table(pool, seed);
     let mut p = Scan::new(seed, lens.iter().sum(), dims, o, pool).with_seqs(&lens);
-    let mut idx = Tensor::zeros(DType::I64, &[lens.len(), SPEC_SMAX]);
-    for b in 0..lens.len() {
-        for c in 0..SPEC_SMAX {
-            idx.set(&[b, c], table[b * SPEC_SMAX + c] as f64);
-        }
-    }
-    p.idx = Some(idx);
+    p.idx = Some(slot_table(DType::I64, &table, SPEC_SMAX));
     p.accepted = Some(Tensor::ints(DType::I32, &accepted));
     p.init = Some(Tensor::ints(DType::U8, &init));
-    let mut start = 0;
-    let seqs = (0..lens.len())
-        .map(|b| {
-            let row = &table[b * SPEC_SMAX..(b + 1) * SPEC_SMAX];
-            let padded = row[0] == PAD;
-            let s = RefSeq {
-                start,
-                len: lens[b],
-                padded,
-                read: (!padded && init[b] != 0)
-                    .then(|| row[(accepted[b] - 1).max(0) as usize] as usize),
-                writes: if padded || o.state.is_none() {
-                    Writes::Nothing
-                } else {
-                    Writes::PerToken(
-                        row[..lens[b]]
-                            .iter()
-                            .map(|&x| (x != PAD).then_some(x as usize))
-                            .collect(),
-                    )
-                },
-            };
-            start += lens[b];
-            s
-        })
-        .collect();
+    let seqs = spec_seqs(
+        &lens,
+        &accepted,
+        &init,
+        &table,
+        SPEC_SMAX,
+        o.state.is_some(),
+    );
     (p, seqs)
 }
 
@@ -1381,12 +1093,8 @@ fn rejects_bad_inputs() {
     };
     let spec = || {
         let mut p = base();
-        let mut idx = Tensor::zeros(DType::I32, &[2, 4]);
-        for c in 0..4 {
-            idx.set(&[0, c], c as f64);
-            idx.set(&[1, c], PAD as f64);
-        }
-        p.idx = Some(idx);
+        let table = [0, 1, 2, 3, PAD, PAD, PAD, PAD];
+        p.idx = Some(slot_table(DType::I32, &table, 4));
         p.accepted = Some(Tensor::ints(DType::I32, &[1, 1]));
         p
     };
@@ -1930,10 +1638,7 @@ fn rejects_bad_inputs() {
             Box::new(|p| {
                 *p = spec();
                 p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
-                let i = p.idx.as_mut().unwrap();
-                for (c, v) in [4.0, 5.0, 2.0, 6.0].into_iter().enumerate() {
-                    i.set(&[1, c], v);
-                }
+                set_slots(p.idx.as_mut().unwrap(), 1, &[4, 5, 2, 6]);
             }),
             keep(),
             INVALID,
@@ -1946,10 +1651,7 @@ fn rejects_bad_inputs() {
                 p.cu = Some(Tensor::ints(DType::I32, &[0, 3, 5]));
                 p.init = Some(Tensor::ints(DType::Bool, &[1, 1]));
                 p.accepted = Some(Tensor::ints(DType::I32, &[1, 3]));
-                let i = p.idx.as_mut().unwrap();
-                for (c, v) in [4.0, 5.0, 0.0, 7.0].into_iter().enumerate() {
-                    i.set(&[1, c], v);
-                }
+                set_slots(p.idx.as_mut().unwrap(), 1, &[4, 5, 0, 7]);
                 p.state = Some(Tensor::zeros(DType::F32, &[8, 4, 8, 8]));
             }),
             keep(),
@@ -1960,8 +1662,7 @@ fn rejects_bad_inputs() {
     for (name, setup, edit, status, fragments) in cases {
         let mut p = base();
         setup(&mut p);
-        let out_before = p.out.bytes();
-        let state_before = p.state.as_ref().map(|s| s.bytes());
+        let before = Written::of(&p);
         let code = p.call_mut(edit, |d| unsafe { export(std::ptr::null(), d) });
         let msg = common::last_error();
         assert_eq!(
@@ -1971,11 +1672,7 @@ fn rejects_bad_inputs() {
         for f in fragments {
             assert!(msg.contains(f), "{name}: message {msg:?} lacks {f:?}");
         }
-        assert!(p.out.bytes() == out_before, "{name}: out was written");
-        assert!(
-            p.state.as_ref().map(|s| s.bytes()) == state_before,
-            "{name}: state was written"
-        );
+        before.assert_kept(&p, name);
     }
 
     // The accepted corner values: no limit, dt_min == dt_max, flags 0 and optional tensors NULL.
@@ -2002,7 +1699,7 @@ fn rejects_bad_inputs() {
 #[test]
 fn null_required_pointers() {
     let mut p = Scan::new(950, 5, (2, 4, 1, 4), Opts::all(DType::F32, DType::F32), 2);
-    let (out_before, state_before) = (p.out.bytes(), p.state.as_ref().unwrap().bytes());
+    let before = Written::of(&p);
     for (k, name) in ["x", "dt", "A", "B", "C", "out"].into_iter().enumerate() {
         let code = p.call_mut(
             |_| {},
@@ -2035,6 +1732,6 @@ fn null_required_pointers() {
             },
         );
         assert_error(code, SSMK_ERR_NULL_POINTER, &[&format!("{name} is NULL")]);
-        assert!(p.out.bytes() == out_before && p.state.as_ref().unwrap().bytes() == state_before);
+        before.assert_kept(&p, name);
     }
 }

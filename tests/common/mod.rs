@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod native;
+pub mod recurrent;
 
 use std::ffi::CStr;
 

@@ -4,17 +4,15 @@
 //! (conv → gating → delta rule through the C ABI) against the portable reference kernels.
 
 use ssmk::dtype::DType;
-use ssmk::ffi::conv::{SSMK_ACTIVATION_SILU, ssmk_causal_conv1d_fwd};
 use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating, ssmk_kda_gating};
 use ssmk::runtime::{Isa, with_isa};
-use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_slow};
+use crate::layers::{self, LayerConv, Seqs, head_view};
 
 const K: usize = 128;
 const V: usize = 128;
-const WIDTH: usize = 4;
 
 /// The heads of a linear-attention layer and its kind of decay.
 #[derive(Clone, Copy)]
@@ -57,36 +55,6 @@ impl Heads {
     }
 }
 
-fn offsets(lens: &[usize]) -> Vec<i64> {
-    let mut acc = 0i64;
-    std::iter::once(0)
-        .chain(lens.iter().map(|&l| {
-            acc += l as i64;
-            acc
-        }))
-        .collect()
-}
-
-/// A `[T, heads, dim]` view of `cols` columns starting at column `col0` of a `[T, row]` buffer.
-fn head_view(
-    buf: &Buf,
-    col0: usize,
-    heads: usize,
-    dim: usize,
-    shape: &mut [i64; 3],
-    strides: &mut [i64; 3],
-) -> ssmk_tensor {
-    let row = buf.shape[1];
-    *shape = [buf.shape[0], heads as i64, dim as i64];
-    *strides = [row, dim as i64, 1];
-    let mut d = buf.desc();
-    d.ndim = 3;
-    d.shape = shape.as_ptr();
-    d.strides = strides.as_ptr();
-    d.byte_offset = (col0 * buf.dtype.size()) as u64;
-    d
-}
-
 /// One delta-rule call: q, k, v as head views of one projected `[T, CONV_DIM]` buffer (as the
 /// model lays them out), gates, a state pool with a slot per sequence, and the output.
 struct DeltaRule {
@@ -96,9 +64,7 @@ struct DeltaRule {
     beta: Buf,
     state: Buf,
     out: Buf,
-    starts: Buf,
-    slots: Buf,
-    initial: Buf,
+    seqs: Seqs,
 }
 
 impl DeltaRule {
@@ -117,9 +83,7 @@ impl DeltaRule {
             beta: Buf::uniform(dtype, &[t, hv], 15, 0.05, 0.95),
             state: Buf::random(DType::F32, &[b, hv, K, V], 16, 0.1),
             out: Buf::zeros(dtype, &[t, hv, V]),
-            starts: Buf::ints(&offsets(lens)),
-            slots: Buf::ints(&(0..b as i64).collect::<Vec<_>>()),
-            initial: Buf::mask(&vec![initial; b]),
+            seqs: Seqs::new(lens, initial),
         }
     }
 
@@ -129,16 +93,15 @@ impl DeltaRule {
 
     /// The delta rule over `qkv` (a conv output of the same shape may be passed instead).
     fn call_on(&self, qkv: &Buf, isa: Isa, ctx: &Ctx) {
-        let (mut s, mut st) = ([[0i64; 3]; 3], [[0i64; 3]; 3]);
-        let [s0, s1, s2] = &mut s;
-        let [t0, t1, t2] = &mut st;
+        let mut dims = [[[0i64; 3]; 2]; 3];
+        let [dq, dk, dv] = &mut dims;
         let Heads { h, hv, .. } = self.heads;
-        let q = head_view(qkv, 0, h, K, s0, t0);
-        let k = head_view(qkv, h * K, h, K, s1, t1);
-        let v = head_view(qkv, 2 * h * K, hv, V, s2, t2);
+        let q = head_view(qkv, 0, h, K, dq);
+        let k = head_view(qkv, h * K, h, K, dk);
+        let v = head_view(qkv, 2 * h * K, hv, V, dv);
         let (g, beta) = (self.g.desc(), self.beta.desc());
         let (mut state, mut out) = (self.state.desc(), self.out.desc());
-        let (cu, idx, init) = (self.starts.desc(), self.slots.desc(), self.initial.desc());
+        let (cu, idx, init) = self.seqs.descs();
         ok(unsafe {
             with_isa(isa, || {
                 ssmk_gated_delta_rule(
@@ -226,28 +189,14 @@ fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtyp
 fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize) {
     let call = DeltaRule::new(heads, &vec![1; batch], DType::BF16, true);
     let state_bytes = 2.0 * call.state.bytes() as f64;
-    let reference = time_slow(cfg, || call.call(Isa::Scalar, &Ctx::new(1)));
-    for &threads in &cfg.threads {
-        let ctx = Ctx::new(threads);
-        let (t, memcpy) = report
-            .memcpy
-            .time_beside(cfg, || call.call(Isa::active(), &ctx));
-        let op = match heads.per_channel {
-            true => "KDA delta rule decode",
-            false => "gated_delta_rule decode",
-        };
-        let mut r = Row::new(
-            op,
-            format!("B={batch} {}", heads.describe()),
-            "bf16 in/f32 state",
-            threads,
-            t,
-            Work::Bytes(state_bytes),
-            "state bytes read + written".into(),
-        );
-        r.vs_reference = Some(reference / t);
-        report.push_against(r, "memcpy", memcpy);
-    }
+    let op = match heads.per_channel {
+        true => "KDA delta rule decode",
+        false => "gated_delta_rule decode",
+    };
+    let shape = format!("B={batch} {}", heads.describe());
+    layers::decode_rows(cfg, report, op, shape, state_bytes, |isa, ctx| {
+        call.call(isa, ctx)
+    });
 }
 
 /// One linear-attention layer step on `lens` (decodes are length-1 sequences continuing from
@@ -256,10 +205,7 @@ fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize) {
 /// views of the conv output. In/out projections are GEMMs outside ssmk.
 struct LayerStep {
     rule: DeltaRule,
-    conv_out: Buf,
-    conv_weight: Buf,
-    conv_bias: Buf,
-    conv_states: Buf,
+    conv: LayerConv,
     a_log: Buf,
     a: Buf,
     b: Buf,
@@ -273,10 +219,7 @@ impl LayerStep {
         // Per-channel gates: a `[T, HV, K]`, dt_bias `[HV, K]`.
         let channels: &[usize] = if heads.per_channel { &[K] } else { &[] };
         LayerStep {
-            conv_out: Buf::zeros(DType::BF16, &[t, d]),
-            conv_weight: Buf::random(DType::BF16, &[d, WIDTH], 31, 0.5),
-            conv_bias: Buf::random(DType::BF16, &[d], 32, 0.1),
-            conv_states: Buf::random(DType::BF16, &[lens.len(), WIDTH - 1, d], 33, 1.0),
+            conv: LayerConv::new(lens, d, 31),
             a_log: Buf::uniform(DType::F32, &[hv], 34, -1.0, 0.5),
             a: Buf::random(DType::BF16, &[&[t, hv][..], channels].concat(), 35, 1.0),
             b: Buf::random(DType::BF16, &[t, hv], 36, 1.0),
@@ -284,29 +227,20 @@ impl LayerStep {
             rule,
         }
     }
+}
+
+impl layers::LayerStep for LayerStep {
+    fn tokens(&self) -> usize {
+        self.rule.tokens()
+    }
+
+    fn flops(&self) -> f64 {
+        prefill_flops(self.tokens(), self.rule.heads.hv)
+    }
 
     fn run(&self, isa: Isa, ctx: &Ctx) {
         let r = &self.rule;
-        let (x, w, bias) = (r.qkv.desc(), self.conv_weight.desc(), self.conv_bias.desc());
-        let (mut states, mut out) = (self.conv_states.desc(), self.conv_out.desc());
-        let (q, idx, init) = (r.starts.desc(), r.slots.desc(), r.initial.desc());
-        ok(unsafe {
-            with_isa(isa, || {
-                ssmk_causal_conv1d_fwd(
-                    ctx.0,
-                    &x,
-                    &w,
-                    &bias,
-                    &mut states,
-                    &q,
-                    &idx,
-                    &init,
-                    SSMK_ACTIVATION_SILU,
-                    -1,
-                    &mut out,
-                )
-            })
-        });
+        self.conv.run(&r.qkv, &r.seqs, isa, ctx);
         let (a_log, a, b, dt) = (
             self.a_log.desc(),
             self.a.desc(),
@@ -320,42 +254,18 @@ impl LayerStep {
                 false => ssmk_gdn_gating(ctx.0, &a_log, &a, &b, &dt, 1.0, 20.0, &mut g, &mut beta),
             }
         });
-        r.call_on(&self.conv_out, isa, ctx);
+        r.call_on(&self.conv.out, isa, ctx);
     }
 }
 
 fn layer_steps(cfg: &Config, report: &mut Report, heads: Heads) {
-    let chunk = cfg.pick(128, 32);
-    let mut mixed = vec![1usize; 64];
-    mixed.push(chunk);
-    let steps: [(String, Vec<usize>); 3] = [
-        (format!("(a) prefill chunk 4x{chunk}"), vec![chunk; 4]),
-        ("(b) decode B=64".into(), vec![1; 64]),
-        (format!("(c) 64 decodes + 1x{chunk} chunk"), mixed),
-    ];
-    for (name, lens) in steps {
-        let step = LayerStep::new(heads, &lens, true);
-        let tokens = step.rule.tokens();
-        let reference = time_slow(cfg, || step.run(Isa::Scalar, &Ctx::new(1)));
-        for &threads in &cfg.threads {
-            let ctx = Ctx::new(threads);
-            let t = time(cfg, || step.run(Isa::active(), &ctx));
-            let mut r = Row::new(
-                match heads.per_channel {
-                    true => "Kimi Linear KDA layer step",
-                    false => "Qwen3-Next GDN layer step",
-                },
-                format!("{name} conv D={}", heads.conv_dim()),
-                "bf16/f32 state",
-                threads,
-                t,
-                Work::Flops(prefill_flops(tokens, heads.hv)),
-                format!("{:.0} tokens/s", tokens as f64 / t),
-            );
-            r.vs_reference = Some(reference / t);
-            report.push(r);
-        }
-    }
+    let op = match heads.per_channel {
+        true => "Kimi Linear KDA layer step",
+        false => "Qwen3-Next GDN layer step",
+    };
+    layers::layer_steps(cfg, report, op, heads.conv_dim(), 64, |lens| {
+        LayerStep::new(heads, lens, true)
+    });
 }
 
 pub fn run(cfg: &Config, report: &mut Report) {

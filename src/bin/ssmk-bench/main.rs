@@ -9,6 +9,7 @@ mod buffers;
 mod conv;
 mod gdn;
 mod harness;
+mod layers;
 mod mamba2;
 mod memory;
 mod short_conv;

@@ -5,50 +5,20 @@
 //! reference kernels.
 
 use ssmk::dtype::DType;
-use ssmk::ffi::conv::{SSMK_ACTIVATION_SILU, ssmk_causal_conv1d_fwd};
 use ssmk::ffi::mamba2::{SSMK_MAMBA2_DT_SOFTPLUS, ssmk_mamba2_scan};
 use ssmk::runtime::{Isa, with_isa};
-use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_slow};
+use crate::layers::{self, LayerConv, Seqs, head_view};
 
 const NH: usize = 128;
 const P: usize = 64;
 const G: usize = 8;
 const N: usize = 128;
-const WIDTH: usize = 4;
 /// Conv channels of the layer: x (NH*P), B and C (G*N each), in that order.
 const CONV_DIM: usize = NH * P + 2 * G * N;
 const HEADS: &str = "NH=128 P=64 G=8 N=128";
-
-fn offsets(lens: &[usize]) -> Vec<i64> {
-    let mut acc = 0i64;
-    std::iter::once(0)
-        .chain(lens.iter().map(|&l| {
-            acc += l as i64;
-            acc
-        }))
-        .collect()
-}
-
-/// A `[T, heads, dim]` view of the columns from `col0` of a `[T, row]` buffer.
-fn head_view(
-    buf: &Buf,
-    col0: usize,
-    heads: usize,
-    dim: usize,
-    dims: &mut [[i64; 3]; 2],
-) -> ssmk_tensor {
-    dims[0] = [buf.shape[0], heads as i64, dim as i64];
-    dims[1] = [buf.shape[1], dim as i64, 1];
-    let mut d = buf.desc();
-    d.ndim = 3;
-    d.shape = dims[0].as_ptr();
-    d.strides = dims[1].as_ptr();
-    d.byte_offset = (col0 * buf.dtype.size()) as u64;
-    d
-}
 
 /// One scan call: x, B, C as head views of one `[T, CONV_DIM]` buffer (the conv output, as the
 /// model lays it out), dt, the per-head constants, a state pool with a slot per sequence and the
@@ -61,9 +31,7 @@ struct Scan {
     dt_bias: Buf,
     state: Buf,
     out: Buf,
-    starts: Buf,
-    slots: Buf,
-    initial: Buf,
+    seqs: Seqs,
 }
 
 impl Scan {
@@ -79,9 +47,7 @@ impl Scan {
             dt_bias: Buf::uniform(DType::F32, &[NH], 45, -6.9, -2.25),
             state: Buf::random(DType::F32, &[b, NH, P, N], 46, 0.1),
             out: Buf::zeros(dtype, &[t, NH, P]),
-            starts: Buf::ints(&offsets(lens)),
-            slots: Buf::ints(&(0..b as i64).collect::<Vec<_>>()),
-            initial: Buf::mask(&vec![initial; b]),
+            seqs: Seqs::new(lens, initial),
         }
     }
 
@@ -103,7 +69,7 @@ impl Scan {
             self.dt_bias.desc(),
         );
         let (mut state, mut out) = (self.state.desc(), self.out.desc());
-        let (cu, idx, init) = (self.starts.desc(), self.slots.desc(), self.initial.desc());
+        let (cu, idx, init) = self.seqs.descs();
         ok(unsafe {
             with_isa(isa, || {
                 ssmk_mamba2_scan(
@@ -174,24 +140,15 @@ fn prefill(cfg: &Config, report: &mut Report, lens: &[usize]) {
 fn decode(cfg: &Config, report: &mut Report, batch: usize) {
     let call = Scan::new(&vec![1; batch], DType::BF16, true);
     let state_bytes = 2.0 * call.state.bytes() as f64;
-    let reference = time_slow(cfg, || call.call(Isa::Scalar, &Ctx::new(1)));
-    for &threads in &cfg.threads {
-        let ctx = Ctx::new(threads);
-        let (t, memcpy) = report
-            .memcpy
-            .time_beside(cfg, || call.call(Isa::active(), &ctx));
-        let mut r = Row::new(
-            "mamba2_scan decode",
-            format!("B={batch} {HEADS}"),
-            "bf16 in/f32 state",
-            threads,
-            t,
-            Work::Bytes(state_bytes),
-            "state bytes read + written".into(),
-        );
-        r.vs_reference = Some(reference / t);
-        report.push_against(r, "memcpy", memcpy);
-    }
+    let shape = format!("B={batch} {HEADS}");
+    layers::decode_rows(
+        cfg,
+        report,
+        "mamba2_scan decode",
+        shape,
+        state_bytes,
+        |isa, ctx| call.call(isa, ctx),
+    );
 }
 
 /// One Nemotron-H Mamba-2 layer step on `lens` (decodes are length-1 sequences continuing from
@@ -199,80 +156,31 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
 /// conv output. Projections and the gated RMSNorm are outside ssmk.
 struct LayerStep {
     scan: Scan,
-    conv_out: Buf,
-    conv_weight: Buf,
-    conv_bias: Buf,
-    conv_states: Buf,
+    conv: LayerConv,
 }
 
 impl LayerStep {
     fn new(lens: &[usize]) -> LayerStep {
-        let scan = Scan::new(lens, DType::BF16, true);
-        let t = scan.tokens();
         LayerStep {
-            conv_out: Buf::zeros(DType::BF16, &[t, CONV_DIM]),
-            conv_weight: Buf::random(DType::BF16, &[CONV_DIM, WIDTH], 51, 0.5),
-            conv_bias: Buf::random(DType::BF16, &[CONV_DIM], 52, 0.1),
-            conv_states: Buf::random(DType::BF16, &[lens.len(), WIDTH - 1, CONV_DIM], 53, 1.0),
-            scan,
+            scan: Scan::new(lens, DType::BF16, true),
+            conv: LayerConv::new(lens, CONV_DIM, 51),
         }
+    }
+}
+
+impl layers::LayerStep for LayerStep {
+    fn tokens(&self) -> usize {
+        self.scan.tokens()
+    }
+
+    fn flops(&self) -> f64 {
+        prefill_flops(self.tokens())
     }
 
     fn run(&self, isa: Isa, ctx: &Ctx) {
         let s = &self.scan;
-        let (x, w, bias) = (s.xbc.desc(), self.conv_weight.desc(), self.conv_bias.desc());
-        let (mut states, mut out) = (self.conv_states.desc(), self.conv_out.desc());
-        let (q, idx, init) = (s.starts.desc(), s.slots.desc(), s.initial.desc());
-        ok(unsafe {
-            with_isa(isa, || {
-                ssmk_causal_conv1d_fwd(
-                    ctx.0,
-                    &x,
-                    &w,
-                    &bias,
-                    &mut states,
-                    &q,
-                    &idx,
-                    &init,
-                    SSMK_ACTIVATION_SILU,
-                    -1,
-                    &mut out,
-                )
-            })
-        });
-        s.call_on(&self.conv_out, isa, ctx);
-    }
-}
-
-fn layer_steps(cfg: &Config, report: &mut Report) {
-    let chunk = cfg.pick(128, 32);
-    let batch = cfg.pick(64, 8);
-    let mut mixed = vec![1usize; batch];
-    mixed.push(chunk);
-    let steps: [(String, Vec<usize>); 3] = [
-        (format!("(a) prefill chunk 4x{chunk}"), vec![chunk; 4]),
-        (format!("(b) decode B={batch}"), vec![1; batch]),
-        (format!("(c) {batch} decodes + 1x{chunk} chunk"), mixed),
-    ];
-    for (name, lens) in steps {
-        let step = LayerStep::new(&lens);
-        let tokens = step.scan.tokens();
-        let reference = time_slow(cfg, || step.run(Isa::Scalar, &Ctx::new(1)));
-        for &threads in &cfg.threads {
-            let ctx = Ctx::new(threads);
-            let t = time(cfg, || step.run(Isa::active(), &ctx));
-            let mut r = Row::new(
-                "Nemotron-H Mamba-2 layer step",
-                format!("{name} conv D={CONV_DIM}"),
-                "bf16/f32 state",
-                threads,
-                t,
-                Work::Flops(prefill_flops(tokens)),
-                format!("{:.0} tokens/s", tokens as f64 / t),
-            );
-            r.vs_reference = Some(reference / t);
-            report.push(r);
-        }
+        self.conv.run(&s.xbc, &s.seqs, isa, ctx);
+        s.call_on(&self.conv.out, isa, ctx);
     }
 }
 
@@ -281,5 +189,6 @@ pub fn run(cfg: &Config, report: &mut Report) {
     prefill(cfg, report, &[long]);
     prefill(cfg, report, &[short; 4]);
     decode(cfg, report, cfg.pick(64, 8));
-    layer_steps(cfg, report);
+    let op = "Nemotron-H Mamba-2 layer step";
+    layers::layer_steps(cfg, report, op, CONV_DIM, cfg.pick(64, 8), LayerStep::new);
 }

@@ -10,6 +10,7 @@ use ssmk::runtime::{Isa, with_isa};
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
+use crate::layers::Seqs;
 
 /// One ShortConv call's tensors: `lens` sequences in slots `0..`, continuing iff `initial`.
 struct Step {
@@ -18,44 +19,27 @@ struct Step {
     bias: Buf,
     states: Buf,
     out: Buf,
-    starts: Buf,
-    slots: Buf,
-    initial: Buf,
+    seqs: Seqs,
     dim: usize,
 }
 
 impl Step {
     fn new(lens: &[usize], initial: bool, dim: usize, width: usize) -> Step {
         let tokens: usize = lens.iter().sum();
-        let mut acc = 0i64;
-        let starts: Vec<i64> = std::iter::once(0)
-            .chain(lens.iter().map(|&l| {
-                acc += l as i64;
-                acc
-            }))
-            .collect();
         Step {
             bcx: Buf::random(DType::BF16, &[tokens, 3 * dim], 21, 1.0),
             weight: Buf::random(DType::BF16, &[dim, width], 22, 0.5),
             bias: Buf::random(DType::BF16, &[dim], 23, 0.1),
             states: Buf::random(DType::BF16, &[lens.len(), width - 1, dim], 24, 1.0),
             out: Buf::zeros(DType::BF16, &[tokens, dim]),
-            starts: Buf::ints(&starts),
-            slots: Buf::ints(&(0..lens.len() as i64).collect::<Vec<_>>()),
-            initial: Buf::mask(&vec![initial; lens.len()]),
+            seqs: Seqs::new(lens, initial),
             dim,
         }
     }
 
     fn call(&self, isa: Isa, ctx: &Ctx) {
-        let (bcx, w, b, q, i, h) = (
-            self.bcx.desc(),
-            self.weight.desc(),
-            self.bias.desc(),
-            self.starts.desc(),
-            self.slots.desc(),
-            self.initial.desc(),
-        );
+        let (bcx, w, b) = (self.bcx.desc(), self.weight.desc(), self.bias.desc());
+        let (q, i, h) = self.seqs.descs();
         let (mut s, mut o) = (self.states.desc(), self.out.desc());
         ok(unsafe {
             with_isa(isa, || {
@@ -76,14 +60,8 @@ impl Step {
                 bxs[r * d + c] = bf16::from_f32(row[c].to_f32() * row[2 * d + c].to_f32());
             }
         }
-        let (xd, w, b, q, i, h) = (
-            bx.desc(),
-            self.weight.desc(),
-            self.bias.desc(),
-            self.starts.desc(),
-            self.slots.desc(),
-            self.initial.desc(),
-        );
+        let (xd, w, b) = (bx.desc(), self.weight.desc(), self.bias.desc());
+        let (q, i, h) = self.seqs.descs();
         let (mut s, mut yd) = (self.states.desc(), y.desc());
         ok(unsafe {
             ssmk_causal_conv1d_fwd(

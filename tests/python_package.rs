@@ -21,10 +21,19 @@ use std::time::Instant;
 
 use common::native::{repo, run_ok};
 
-/// What the torch-op tests need, pinned: installed once into the torch venv.
-const TORCH_VENV_REQUIREMENTS: &[&str] = &["torch==2.13.0", "numpy"];
-/// The test directories run in the torch venv, each with `python -m unittest discover`.
-const TORCH_TEST_DIRS: &[&str] = &["cbindings/python/tests_torch"];
+/// What the torch-op and transformers-hook tests need, pinned (as in
+/// `cbindings/python/tests_e2e/requirements.txt`): installed once into the torch venv.
+const TORCH_VENV_REQUIREMENTS: &[&str] = &[
+    "torch==2.13.0",
+    "transformers==5.24.0",
+    "huggingface_hub==2.4.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "numpy==2.4.6",
+];
+/// The test directories run in the torch venv, each with `python -m unittest discover`: the torch
+/// ops, then the transformers hook end to end on tiny random-weight models (no downloads).
+const TORCH_TEST_DIRS: &[&str] = &["cbindings/python/tests_torch", "cbindings/python/tests_e2e"];
 
 fn target_dir() -> PathBuf {
     // CARGO_TARGET_TMPDIR is <target>/tmp, whatever CARGO_TARGET_DIR says.
@@ -92,7 +101,7 @@ fn torch_venv(python: &str) -> PathBuf {
     let py = venv_python(&venv);
     let marker = venv.join("ssmk-requirements.txt");
     let wanted = TORCH_VENV_REQUIREMENTS.join("\n");
-    let usable = python_cmd(&py, &["-c", "import torch, numpy"])
+    let usable = python_cmd(&py, &["-c", "import torch, numpy, transformers"])
         .output()
         .is_ok_and(|o| o.status.success());
     if usable && std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
@@ -256,7 +265,11 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
     for dir in TORCH_TEST_DIRS {
         step(&format!("run {dir}"), || {
             let mut cmd = python_cmd(&torch_py, &["-m", "unittest", "discover", "-v", "-s"]);
-            cmd.arg(repo().join(dir)).current_dir(&scratch);
+            // The tests build their models from configs: nothing may be fetched.
+            cmd.arg(repo().join(dir))
+                .current_dir(&scratch)
+                .env("HF_HUB_OFFLINE", "1")
+                .env("TRANSFORMERS_OFFLINE", "1");
             run(cmd, dir);
         });
     }

@@ -1,0 +1,724 @@
+"""Route the recurrent kernels of Hugging Face ``transformers`` models to ssmk on CPU.
+
+::
+
+    import torch
+    import ssmk.transformers
+
+    ssmk.transformers.enable()              # every family this transformers version has
+    with torch.inference_mode():
+        out = model.generate(input_ids, max_new_tokens=64)
+    ssmk.transformers.disable()             # the originals are back
+
+    with ssmk.transformers.enabled(["qwen3_next"]):   # or scoped
+        ...
+
+How: in transformers 5.24 every recurrent layer calls module-level kernel functions of its own
+``modeling_<family>.py`` by their global name -- the torch references decorated with
+``use_kernel_func_from_hub_with_fallback`` (the seam through which fla / mamba_ssm /
+causal_conv1d / hub kernels are plugged in). :func:`enable` replaces exactly those globals, keeps
+the objects it replaced and :func:`disable` puts them back; no model code is copied or changed and
+model instances that already exist pick the change up at their next call:
+
+* every family below: ``causal_conv1d_fn``, ``causal_conv1d_update`` -> ssmk's causal conv;
+* ``qwen3_next``, ``qwen3_5``, ``qwen3_5_moe`` (Gated DeltaNet): ``torch_chunk_gated_delta_rule``,
+  ``torch_recurrent_gated_delta_rule`` -> ``ssmk_gated_delta_rule`` (per-head decay);
+* ``kimi_linear``, ``glm5_next`` (Kimi Delta Attention): ``chunk_kimi_delta_attention``,
+  ``recurrent_kimi_delta_attention`` -> ``ssmk_gated_delta_rule`` (per-key-channel decay);
+* ``lfm2``, ``lfm2_moe`` (ShortConv): the conv pair only (``B*x`` and ``C*y`` are inline torch in
+  the layer, so ``ssmk_short_conv`` has no seam);
+* ``mamba2``, ``nemotron_h``, ``bamba``, ``granitemoehybrid`` (Granite 4), ``falcon_h1``, ``zamba2``
+  (Mamba-2): ``mamba2_chunk_scan``, ``mamba2_selective_state_update`` -> ``ssmk_mamba2_scan``.
+
+Each replacement has the signature and the semantics of the torch reference it replaces (inputs,
+outputs, dtypes, in-place updates; arithmetic in f32), accepts and ignores keyword arguments it
+does not know (the layers forward theirs), and calls the replaced object instead -- transformers'
+own path, unchanged -- when ssmk cannot or must not run: a tensor not on the CPU, autograd needed
+(``torch.is_grad_enabled()`` and an input that requires grad: ssmk has no backward, so run
+inference under ``torch.no_grad()`` / ``torch.inference_mode()``), ``torch.compile`` / export
+tracing, a dtype other than f32/bf16/f16, or a layout ssmk does not cover (a conv state longer than
+the kernel, as in ``record_past`` mode; a non-broadcast decode ``dt``/``A``; packed sequences with
+more than one row). Packed sequences (batch 1 with ``cu_seqlens`` / ``cu_seq_lens_q`` /
+``seq_idx``) are kept apart, as fla / mamba_ssm do. One deliberate difference: ``mamba2_chunk_scan``
+returns the input's dtype, as mamba_ssm's kernel does, where the torch reference returns f32 (the
+gated norm that follows computes in f32 either way).
+
+The cache tensors transformers passes are used in place, no copy: a conv state ``[B, D, W]``
+(channels first, newest input last) is handed to ssmk as the strided view
+``state.transpose(1, 2)[:, 1:, :]`` = ssmk's ``[S=B, W-1, D]`` rows (column 0, which no conv reads,
+is kept as transformers would leave it); recurrent states ``[B, HV, K, V]`` / ``[B, NH, P, N]`` f32
+are ssmk's ``[S, ...]`` order. When a final state is requested with an ``initial_state`` given (the
+cache's tensor: the layers then copy the result back onto it), the final state is written into that
+tensor and returned.
+
+Threads: each call runs on ``torch.get_num_threads()`` threads (one ``ssmk.Context`` per count,
+created on first use and kept). Versions: written against transformers 5.24; another version gets
+a warning and nothing is patched unless ``enable(force=True)``, and a family whose functions are
+missing, already replaced by someone else, or have another signature is skipped with a warning.
+"""
+
+import contextlib
+import importlib
+import inspect
+import sys
+import threading
+import warnings
+from ctypes import byref, c_int64
+
+import torch
+
+import ssmk
+
+__all__ = [
+    "FAMILIES",
+    "SUPPORTED_VERSIONS",
+    "call_counts",
+    "disable",
+    "enable",
+    "enabled",
+    "enabled_families",
+    "reset_call_counts",
+]
+
+#: transformers versions (prefixes) this module was written and tested against.
+SUPPORTED_VERSIONS = ("5.24.",)
+
+_CONV = ("causal_conv1d_fn", "causal_conv1d_update")
+_GDN = _CONV + ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+_KDA = _CONV + ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
+_MAMBA2 = _CONV + ("mamba2_chunk_scan", "mamba2_selective_state_update")
+
+#: family (the ``transformers.models`` sub-package) -> the module functions replaced.
+FAMILIES = {
+    "qwen3_next": _GDN,
+    "qwen3_5": _GDN,
+    "qwen3_5_moe": _GDN,
+    "kimi_linear": _KDA,
+    "glm5_next": _KDA,
+    "lfm2": _CONV,
+    "lfm2_moe": _CONV,
+    "mamba2": _MAMBA2,
+    "nemotron_h": _MAMBA2,
+    "bamba": _MAMBA2,
+    "granitemoehybrid": _MAMBA2,
+    "falcon_h1": _MAMBA2,
+    "zamba2": _MAMBA2,
+}
+
+# Parameter names of the torch references in 5.24 (what the replacements implement).
+_PARAMS = {
+    "causal_conv1d_fn": ("hidden_states", "weight", "bias", "activation", "kwargs"),
+    "causal_conv1d_update": ("hidden_states", "conv_state", "weight", "bias", "activation"),
+    "torch_chunk_gated_delta_rule": ("query", "key", "value", "g", "beta", "chunk_size", "initial_state",
+                                     "output_final_state", "use_qk_l2norm_in_kernel", "kwargs"),
+    "torch_recurrent_gated_delta_rule": ("query", "key", "value", "g", "beta", "initial_state",
+                                         "output_final_state", "use_qk_l2norm_in_kernel", "kwargs"),
+    "chunk_kimi_delta_attention": ("query", "key", "value", "g", "beta", "chunk_size", "initial_state",
+                                   "output_final_state", "use_qk_l2norm_in_kernel", "kwargs"),
+    "recurrent_kimi_delta_attention": ("query", "key", "value", "g", "beta", "initial_state",
+                                       "output_final_state", "use_qk_l2norm_in_kernel", "kwargs"),
+    "mamba2_chunk_scan": ("hidden_states", "dt", "A", "B", "C", "chunk_size", "D", "dt_bias", "initial_states",
+                          "dt_softplus", "dt_limit", "return_final_states", "kwargs"),
+    "mamba2_selective_state_update": ("state", "hidden_states", "dt", "A", "B", "C", "D", "dt_bias",
+                                      "dt_softplus", "z", "kwargs"),
+}
+
+_lock = threading.RLock()
+_patched = {}  # family -> {name: replaced object}
+_counts = {}  # (family, name, "ssmk" | "fallback") -> calls
+
+
+# ------------------------------------------------------------------ descriptors and contexts
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = {
+    torch.float32: ssmk.DType(2, 32, 1),
+    torch.float16: ssmk.DType(2, 16, 1),
+    torch.bfloat16: ssmk.DType(4, 16, 1),
+    torch.int32: ssmk.DType(0, 32, 1),
+    torch.int64: ssmk.DType(0, 64, 1),
+    torch.uint8: ssmk.DType(1, 8, 1),
+    torch.bool: ssmk.DType(6, 8, 1),
+}
+_CPU = ssmk.Device(ssmk.DEVICE_CPU, 0)
+
+
+def _desc(t):
+    """An ``ssmk_tensor`` over ``t``'s memory (shape and strides as they are); ``None`` -> NULL.
+
+    A leaner form of ``ssmk.tensor`` for the per-token path (CPU tensors only, checked by the
+    caller); the struct keeps its shape/stride arrays and the tensor alive.
+    """
+    if t is None:
+        return None
+    shape = t.shape
+    n = len(shape)
+    sh = (c_int64 * n)(*shape)
+    st = (c_int64 * n)(*t.stride())
+    s = ssmk.TensorStruct(t.data_ptr() or None, _CPU, n, _DTYPES[t.dtype], sh, st, 0)
+    s._keep = (sh, st, t)
+    return byref(s)
+
+
+def _view(t, shape, strides, offset=0):
+    """A descriptor of a strided view of ``t``'s memory (elements ``offset`` on), without making
+    a torch view (cheaper on the per-token path)."""
+    n = len(shape)
+    sh = (c_int64 * n)(*shape)
+    st = (c_int64 * n)(*strides)
+    s = ssmk.TensorStruct(t.data_ptr() or None, _CPU, n, _DTYPES[t.dtype], sh, st, offset * t.element_size())
+    s._keep = (sh, st, t)
+    return byref(s)
+
+
+_contexts = {}
+
+
+def _ctx():
+    n = torch.get_num_threads()
+    c = _contexts.get(n)
+    if c is None:
+        with _lock:
+            c = _contexts.get(n)
+            if c is None:
+                c = _contexts[n] = ssmk.Context(n)
+    return c.handle
+
+
+def _run(name, status):
+    if status != ssmk.OK:
+        raise ssmk.SsmkError(name, status, ssmk.last_error_message())
+
+
+_index_cache = {}
+
+
+def _cached(key, make):
+    t = _index_cache.get(key)
+    if t is None:
+        if len(_index_cache) > 512:
+            _index_cache.clear()
+        t = _index_cache[key] = make()
+    return t
+
+
+def _cu(batch, length):
+    """int32 ``[0, L, 2L, ..., B*L]`` (batch equal-length sequences), cached (never written)."""
+    return _cached(("cu", batch, length), lambda: torch.arange(batch + 1, dtype=torch.int32) * length)
+
+
+def _ones(n):
+    """uint8 ``has_initial_state`` of n sequences, all true, cached (never written)."""
+    return _cached(("ones", n), lambda: torch.ones(n, dtype=torch.uint8))
+
+
+# ------------------------------------------------------------------ when ssmk may run
+
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+
+
+def _compiling():
+    """torch.compile / torch.export tracing: the ctypes call is opaque to dynamo."""
+    return _is_compiling()
+
+
+def _usable(*tensors):
+    """True when ssmk may take these inputs: all on the CPU, no autograd needed, not tracing."""
+    if _compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if t.device.type != "cpu" or (grad and t.requires_grad):
+            return False
+    return True
+
+
+def _count(family, name, route):
+    key = (family, name, route)
+    _counts[key] = _counts.get(key, 0) + 1
+
+
+def call_counts():
+    """``{(family, function, "ssmk" | "fallback"): calls}`` since the last :func:`reset_call_counts`."""
+    return dict(_counts)
+
+
+def reset_call_counts():
+    _counts.clear()
+
+
+_ACTIVATIONS = {None: ssmk.ACTIVATION_NONE, "silu": ssmk.ACTIVATION_SILU, "swish": ssmk.ACTIVATION_SILU}
+
+
+def _packed_bounds(kwargs, batch, length, conv=False):
+    """The ``cu_seqlens`` ssmk should use for packed sequences, ``None`` when not packed, or
+    ``False`` when the packing cannot be honoured (the caller then falls back)."""
+    cu = kwargs.get("cu_seqlens")
+    if cu is None and conv:
+        cu = kwargs.get("cu_seq_lens_q")
+    seq_idx = kwargs.get("seq_idx")
+    if cu is None and seq_idx is None:
+        return None
+    if batch != 1:
+        return False
+    if cu is not None:
+        if cu.device.type != "cpu" or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
+            return False
+        if int(cu[-1]) != length:
+            # The conv of a cached continuation sees [history, x], which packed kwargs do not
+            # describe; transformers' references ignore cu_seq_lens_q there too.
+            return None if kwargs.get("cu_seqlens") is None and seq_idx is None else False
+        return cu
+    if seq_idx.device.type != "cpu" or seq_idx.shape[-1] != length:
+        return False
+    ids = seq_idx.reshape(-1).long()
+    if ids.numel() and (int(ids[0]) != 0 or bool((ids[1:] < ids[:-1]).any())):
+        return False  # not sorted sequence ids
+    counts = torch.bincount(ids)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+
+
+# ------------------------------------------------------------------ the replacements
+
+def _make_conv_fn(family, original):
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        """ssmk ``causal_conv1d_fwd`` for transformers' stateless causal conv: ``[B, D, L] -> [B, D, L]``."""
+        if (
+            _usable(hidden_states, weight, bias)
+            and hidden_states.dim() == 3
+            and weight.dim() == 2
+            and hidden_states.dtype in _FLOATS
+            and weight.dtype in _FLOATS
+            and (bias is None or bias.dtype in _FLOATS)
+            and activation in _ACTIVATIONS
+            and 2 <= weight.shape[1] <= 8
+            and hidden_states.shape[2] > 0
+        ):
+            B, D, L = hidden_states.shape
+            qsl = _packed_bounds(kwargs, B, L, conv=True)
+            if qsl is not False:
+                _count(family, "causal_conv1d_fn", "ssmk")
+                x = hidden_states.transpose(1, 2).reshape(B * L, D)  # a view for channels-last input
+                out = torch.empty(B * L, D, dtype=hidden_states.dtype)
+                _run("ssmk_causal_conv1d_fwd", ssmk.lib.ssmk_causal_conv1d_fwd(
+                    _ctx(), _desc(x), _desc(weight), _desc(bias), None,
+                    _desc(_cu(B, L) if qsl is None else qsl), None, None, _ACTIVATIONS[activation], -1,
+                    _desc(out)))
+                return out.view(B, L, D).transpose(1, 2)
+        _count(family, "causal_conv1d_fn", "fallback")
+        return original(hidden_states, weight, bias=bias, activation=activation, **kwargs)
+
+    return causal_conv1d_fn
+
+
+def _make_conv_update(family, original):
+    def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None):
+        """ssmk ``causal_conv1d_update``: ``hidden_states [B, D, Q]``, ``conv_state [B, D, W]`` updated in place."""
+        if (
+            _usable(hidden_states, conv_state, weight, bias)
+            and hidden_states.dim() == 3
+            and conv_state.dim() == 3
+            and weight.dim() == 2
+            and hidden_states.dtype in _FLOATS
+            and weight.dtype in _FLOATS
+            and (bias is None or bias.dtype in _FLOATS)
+            and conv_state.dtype in (hidden_states.dtype, torch.float32)
+            and activation in _ACTIVATIONS
+            and 2 <= weight.shape[1] <= 8
+            and conv_state.shape[2] == weight.shape[1]
+            and conv_state.shape[:2] == hidden_states.shape[:2]
+            and hidden_states.shape[2] > 0
+        ):
+            _count(family, "causal_conv1d_update", "ssmk")
+            B, D, Q = hidden_states.shape
+            W = weight.shape[1]
+            # transformers keeps the last W inputs, ssmk the last W-1: ssmk's rows are columns
+            # 1..W-1. Column 0 is never read; give it what transformers' update leaves there
+            # (before the call, which does not read it).
+            conv_state[:, :, 0].copy_(conv_state[:, :, Q] if Q < W else hidden_states[:, :, Q - W])
+            s0, s1, s2 = conv_state.stride()
+            states = _view(conv_state, (B, W - 1, D), (s0, s2, s1), s2)  # [S=B, W-1, D] in place
+            x0, x1, x2 = hidden_states.stride()
+            out = torch.empty(B, D, Q, dtype=hidden_states.dtype)
+            if Q == 1:
+                xd, od = _view(hidden_states, (B, D), (x0, x1)), _view(out, (B, D), (D, 1))
+            else:
+                xd, od = _view(hidden_states, (B, Q, D), (x0, x2, x1)), _view(out, (B, Q, D), (D * Q, 1, Q))
+            _run("ssmk_causal_conv1d_update", ssmk.lib.ssmk_causal_conv1d_update(
+                _ctx(), xd, states, _desc(weight), _desc(bias), None, None, _ACTIVATIONS[activation], -1, od))
+            return out
+        _count(family, "causal_conv1d_update", "fallback")
+        return original(hidden_states, conv_state, weight, bias=bias, activation=activation)
+
+    return causal_conv1d_update
+
+
+def _delta_rule(query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                kwargs, kda):
+    """One ssmk ``gated_delta_rule`` call for the chunk and the recurrent references alike;
+    ``None`` when ssmk cannot take the inputs."""
+    if not _usable(query, key, value, g, beta, initial_state):
+        return None
+    if query.dim() != 4 or key.shape != query.shape or value.dim() != 4 or value.shape[:2] != query.shape[:2]:
+        return None
+    if query.dtype not in _FLOATS or key.dtype != query.dtype or value.dtype != query.dtype:
+        return None
+    if beta.dtype not in _FLOATS or g.dtype not in _FLOATS:
+        return None
+    B, L, H, K = key.shape
+    HV, V = value.shape[2:]
+    if L == 0 or HV % H or beta.shape != (B, L, HV):
+        return None
+    if g.shape != ((B, L, HV, K) if kda else (B, L, HV)):
+        return None
+    cu = _packed_bounds(kwargs, B, L)
+    if cu is False:
+        return None
+    nseq = B if cu is None else cu.numel() - 1
+    if initial_state is not None and (initial_state.shape != (nseq, HV, K, V) or initial_state.dtype not in _FLOATS):
+        return None
+    T = B * L
+    q, k = query.reshape(T, H, K), key.reshape(T, H, K)
+    v = value.reshape(T, HV, V)
+    gg = g.reshape(T, *g.shape[2:]).float()
+    bb = beta.reshape(T, HV)
+    if initial_state is not None:
+        if output_final_state and initial_state.dtype == torch.float32:
+            state = initial_state  # the cache's tensor: final state written in place
+        else:
+            state = initial_state.to(torch.float32, copy=True)
+        init = _ones(nseq)
+    else:
+        state = torch.zeros(nseq, HV, K, V, dtype=torch.float32) if output_final_state else None
+        init = None
+    out = torch.empty(T, HV, V, dtype=query.dtype)
+    flags = ssmk.GDN_QK_L2NORM if use_qk_l2norm_in_kernel else 0
+    # transformers' references normalise with eps 1e-6 in prefill and decode alike, scale K**-0.5,
+    # GQA in the grouped order (v-head hv uses k-head hv // (HV/H)).
+    _run("ssmk_gated_delta_rule", ssmk.lib.ssmk_gated_delta_rule(
+        _ctx(), _desc(q), _desc(k), _desc(v), _desc(gg), _desc(bb), 0.0, _desc(state),
+        _desc(_cu(B, L) if cu is None else cu), None, _desc(init), None, flags, 1e-6, -1, _desc(out)))
+    return out.view(B, L, HV, V), (state if output_final_state else None)
+
+
+def _make_delta_rule(family, name, original):
+    kda = "kimi" in name
+
+    if name.startswith("torch_chunk") or name.startswith("chunk"):
+        def chunk_fn(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+                     use_qk_l2norm_in_kernel=False, **kwargs):
+            r = _delta_rule(query, key, value, g, beta, initial_state, output_final_state,
+                            use_qk_l2norm_in_kernel, kwargs, kda)
+            if r is not None:
+                _count(family, name, "ssmk")
+                return r
+            _count(family, name, "fallback")
+            return original(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
+                            output_final_state=output_final_state,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+
+        fn = chunk_fn
+    elif kda:
+        def recurrent_kda(query, key, value, g, beta, initial_state, output_final_state,
+                          use_qk_l2norm_in_kernel=False, **kwargs):
+            r = _delta_rule(query, key, value, g, beta, initial_state, output_final_state,
+                            use_qk_l2norm_in_kernel, kwargs, kda)
+            if r is not None:
+                _count(family, name, "ssmk")
+                return r
+            _count(family, name, "fallback")
+            return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                            output_final_state=output_final_state,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+
+        fn = recurrent_kda
+    else:
+        def recurrent_gdn(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                          use_qk_l2norm_in_kernel=False, **kwargs):
+            r = _delta_rule(query, key, value, g, beta, initial_state, output_final_state,
+                            use_qk_l2norm_in_kernel, kwargs, kda)
+            if r is not None:
+                _count(family, name, "ssmk")
+                return r
+            _count(family, name, "fallback")
+            return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                            output_final_state=output_final_state,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+
+        fn = recurrent_gdn
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"ssmk ``gated_delta_rule`` in place of transformers' ``{name}`` "
+                  f"({'per-key-channel (KDA)' if kda else 'per-head (GDN)'} decay).")
+    return fn
+
+
+def _limits(dt_limit):
+    if dt_limit is None:
+        return float("-inf"), float("inf")
+    return float(dt_limit[0]), float(dt_limit[1])
+
+
+def _f32(t):
+    return None if t is None else t.float()
+
+
+def _make_chunk_scan(family, original):
+    def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                          dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs):
+        """ssmk ``mamba2_scan`` (prefill form): ``[B, L, NH, P]`` out, final state ``[B, NH, P, N]`` f32."""
+        r = _chunk_scan(hidden_states, dt, A, B, C, D, dt_bias, initial_states, dt_softplus, dt_limit,
+                        return_final_states, kwargs)
+        if r is not None:
+            _count(family, "mamba2_chunk_scan", "ssmk")
+            return r
+        _count(family, "mamba2_chunk_scan", "fallback")
+        return original(hidden_states, dt, A, B, C, chunk_size=chunk_size, D=D, dt_bias=dt_bias,
+                        initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                        return_final_states=return_final_states, **kwargs)
+
+    return mamba2_chunk_scan
+
+
+def _chunk_scan(x, dt, A, B, C, D, dt_bias, initial_states, dt_softplus, dt_limit, return_final_states, kwargs):
+    z = kwargs.get("z")
+    if not _usable(x, dt, A, B, C, D, dt_bias, initial_states, z):
+        return None
+    if x.dim() != 4 or dt.dim() != 3 or B.dim() != 4 or C.shape != B.shape or A.dim() != 1:
+        return None
+    Bsz, L, NH, P = x.shape
+    G, N = B.shape[2:]
+    if L == 0 or dt.shape != (Bsz, L, NH) or B.shape[:2] != (Bsz, L) or A.shape[0] != NH or NH % G:
+        return None
+    if any(t is not None and t.dtype not in _FLOATS for t in (x, dt, A, B, C, D, dt_bias, z, initial_states)):
+        return None
+    if z is not None and z.shape != x.shape:
+        return None
+    cu = _packed_bounds(kwargs, Bsz, L)
+    if cu is False:
+        return None
+    nseq = Bsz if cu is None else cu.numel() - 1
+    if initial_states is not None and initial_states.shape != (nseq, NH, P, N):
+        return None
+    lo, hi = _limits(dt_limit)
+    if not lo <= hi:
+        return None
+    T = Bsz * L
+    if initial_states is not None:
+        if return_final_states and initial_states.dtype == torch.float32:
+            state = initial_states  # the cache's tensor: final state written in place
+        else:
+            state = initial_states.to(torch.float32, copy=True)
+        init = _ones(nseq)
+    else:
+        state = torch.zeros(nseq, NH, P, N, dtype=torch.float32) if return_final_states else None
+        init = None
+    out = torch.empty(T, NH, P, dtype=x.dtype)
+    _run("ssmk_mamba2_scan", ssmk.lib.ssmk_mamba2_scan(
+        _ctx(), _desc(x.reshape(T, NH, P)), _desc(dt.reshape(T, NH)), _desc(A.float()),
+        _desc(B.reshape(T, G, N)), _desc(C.reshape(T, G, N)), _desc(_f32(D)),
+        _desc(None if z is None else z.reshape(T, NH, P)), _desc(_f32(dt_bias)), lo, hi,
+        ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, _desc(state), _desc(_cu(Bsz, L) if cu is None else cu),
+        None, _desc(init), None, -1, _desc(out)))
+    out = out.view(Bsz, L, NH, P)
+    return (out, state) if return_final_states else out
+
+
+def _broadcast_over(t, dims):
+    """t is a per-head value broadcast (stride 0) over its last ``dims`` dimensions."""
+    return all(t.stride(-1 - i) == 0 for i in range(dims))
+
+
+def _make_state_update(family, original):
+    def mamba2_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
+                                      z=None, **kwargs):
+        """ssmk ``mamba2_scan`` (decode form): one token per row, ``state [B, NH, P, N]`` updated in place."""
+        x = hidden_states
+        if (
+            _usable(state, x, dt, A, B, C, D, dt_bias, z)
+            and kwargs.get("state_batch_indices") is None
+            and x.dim() == 3
+            and state.dim() == 4
+            and dt.shape == x.shape
+            and A.dim() == 3
+            and B.dim() == 3
+            and C.shape == B.shape
+            and all(t is None or t.dtype in _FLOATS for t in (state, x, dt, A, B, C, D, dt_bias, z))
+            and state.shape[:3] == x.shape
+            and A.shape == state.shape[1:]
+            and B.shape[0] == x.shape[0]
+            and B.shape[2] == state.shape[3]
+            and x.shape[1] % B.shape[1] == 0
+            and (z is None or z.shape == x.shape)
+            and (D is None or D.shape == x.shape[1:])
+            and (dt_bias is None or dt_bias.shape == x.shape[1:])
+            # transformers passes per-head dt/A/D/dt_bias expanded over P (and N); anything else
+            # (a real per-channel value) is not the Mamba-2 scan ssmk implements.
+            and _broadcast_over(dt, 1)
+            and _broadcast_over(A, 2)
+            and (D is None or _broadcast_over(D, 1))
+            and (dt_bias is None or _broadcast_over(dt_bias, 1))
+        ):
+            _count(family, "mamba2_selective_state_update", "ssmk")
+            Bsz, NH, P = x.shape
+            out = torch.empty(Bsz, NH, P, dtype=x.dtype)
+            _run("ssmk_mamba2_scan", ssmk.lib.ssmk_mamba2_scan(
+                _ctx(), _desc(x), _desc(dt[..., 0]), _desc(A[:, 0, 0].float()), _desc(B), _desc(C),
+                _desc(None if D is None else D[:, 0].float()), _desc(z),
+                _desc(None if dt_bias is None else dt_bias[:, 0].float()), float("-inf"), float("inf"),
+                ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, _desc(state), _desc(_cu(Bsz, 1)), None,
+                _desc(_ones(Bsz)), None, -1, _desc(out)))
+            return out
+        _count(family, "mamba2_selective_state_update", "fallback")
+        return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
+                        **kwargs)
+
+    return mamba2_selective_state_update
+
+
+def _make(family, name, original):
+    if name == "causal_conv1d_fn":
+        fn = _make_conv_fn(family, original)
+    elif name == "causal_conv1d_update":
+        fn = _make_conv_update(family, original)
+    elif name == "mamba2_chunk_scan":
+        fn = _make_chunk_scan(family, original)
+    elif name == "mamba2_selective_state_update":
+        fn = _make_state_update(family, original)
+    else:
+        fn = _make_delta_rule(family, name, original)
+    fn._ssmk_family = family
+    fn._ssmk_original = original
+    return fn
+
+
+# ------------------------------------------------------------------ enable / disable
+
+def _warn(message):
+    warnings.warn(f"ssmk.transformers: {message}", RuntimeWarning, stacklevel=3)
+
+
+def _version():
+    import transformers  # noqa: F401
+
+    # transformers swaps its lazy module object in sys.modules on some submodule imports: read
+    # the current one.
+    return sys.modules["transformers"].__version__
+
+
+def _resolve(families):
+    """Family names from None (all), a name, names, or a model / module class (its families)."""
+    if families is None:
+        return list(FAMILIES)
+    if isinstance(families, str):
+        return [families]
+    if isinstance(families, torch.nn.Module) or (isinstance(families, type) and issubclass(families, torch.nn.Module)):
+        model = families
+        classes = {type(m) for m in model.modules()} if isinstance(model, torch.nn.Module) else {model}
+        found = []
+        for cls in classes:
+            parts = cls.__module__.split(".")
+            if len(parts) == 4 and parts[:2] == ["transformers", "models"] and parts[3] == f"modeling_{parts[2]}":
+                if parts[2] in FAMILIES and parts[2] not in found:
+                    found.append(parts[2])
+        if not found:
+            name = model.__name__ if isinstance(model, type) else type(model).__name__
+            _warn(f"no ssmk route for {name}: the model is left untouched")
+        return found
+    return list(families)
+
+
+def _check_family(family, module):
+    """The functions to replace, or a reason they cannot be."""
+    current = {}
+    for name in FAMILIES[family]:
+        fn = getattr(module, name, None)
+        if fn is None:
+            return f"{module.__name__} has no {name}"
+        if getattr(fn, "_ssmk_family", None) is not None:
+            return f"{module.__name__}.{name} is already routed to ssmk (by another copy of this module)"
+        inner = inspect.unwrap(fn)
+        if getattr(inner, "__module__", None) != module.__name__:
+            return f"{module.__name__}.{name} was already replaced (by {getattr(inner, '__module__', '?')})"
+        try:
+            params = tuple(inspect.signature(inner).parameters)
+        except (TypeError, ValueError):
+            params = ()
+        if params != _PARAMS[name]:
+            return f"{module.__name__}.{name} has parameters {params}, expected {_PARAMS[name]}"
+        current[name] = fn
+    return current
+
+
+def enable(families=None, *, force=False):
+    """Route the given families (default: all of :data:`FAMILIES`) to ssmk; returns the families
+    that are routed after the call.
+
+    ``families`` is a name, a list of names, or a model (instance or class: the families of its
+    modules). Unknown names, models without a known family, families this transformers does not
+    have, and an unsupported transformers version (unless ``force=True``) give a warning and leave
+    everything concerned untouched. Enabling twice is harmless.
+    """
+    version = _version()
+    if not force and not version.startswith(SUPPORTED_VERSIONS):
+        _warn(f"transformers {version} is not a supported version ({', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}); "
+              "nothing was patched (enable(force=True) to try anyway)")
+        return []
+    routed = []
+    with _lock:
+        for family in _resolve(families):
+            if family not in FAMILIES:
+                _warn(f"unknown family {family!r} (known: {', '.join(FAMILIES)}); skipped")
+                continue
+            if family in _patched:
+                routed.append(family)
+                continue
+            try:
+                module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+            except ImportError as e:
+                _warn(f"transformers {version} has no {family} model ({e}); skipped")
+                continue
+            current = _check_family(family, module)
+            if isinstance(current, str):
+                _warn(f"{current}; {family} skipped")
+                continue
+            for name, fn in current.items():
+                setattr(module, name, _make(family, name, fn))
+            _patched[family] = current
+            routed.append(family)
+    return routed
+
+
+def disable(families=None):
+    """Put back what :func:`enable` replaced, for the given families (default: all routed)."""
+    with _lock:
+        names = list(_patched) if families is None else [f for f in _resolve(families) if f in _patched]
+        for family in names:
+            module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+            for name, original in _patched.pop(family).items():
+                fn = getattr(module, name, None)
+                if getattr(fn, "_ssmk_original", None) is original:
+                    setattr(module, name, original)
+                else:
+                    _warn(f"{module.__name__}.{name} was replaced again after enable(); left as it is")
+
+
+def enabled_families():
+    """The families currently routed to ssmk."""
+    return list(_patched)
+
+
+@contextlib.contextmanager
+def enabled(families=None, *, force=False):
+    """``with enabled(...):`` routes like :func:`enable` and, on exit, disables what it enabled
+    (families already routed before stay routed). Yields the routed families."""
+    with _lock:
+        before = set(_patched)
+        routed = enable(families, force=force)
+        mine = [f for f in routed if f not in before]
+    try:
+        yield routed
+    finally:
+        if mine:
+            disable(mine)

@@ -1,0 +1,691 @@
+"""End to end: transformers models give the same logits with ``ssmk.transformers`` routing their
+recurrent kernels to ssmk as without it.
+
+No network and no downloads: every model is a tiny random-weight model built from a config below
+(``HF_HUB_OFFLINE=1``); torch (CPU) and transformers come from PyPI, pinned in
+``requirements.txt`` next to this file. Run::
+
+    SSMK_LIBRARY=target/release/libssmk.so python -m unittest discover -s cbindings/python/tests_e2e -v
+    python cbindings/python/tests_e2e/test_transformers_hook.py --report   # the measured errors
+
+For every family (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, LFM2, LFM2-MoE, Kimi Linear, GLM-5-Next,
+Nemotron-H, Mamba-2, Bamba, Granite 4, Falcon-H1, Zamba2) and each of the checks vLLM runs end to end
+for chunked prefill and prefix caching on CPU, batch 2:
+
+(a) a full prefill of the batch (80 tokens: the delta-rule and Mamba-2 kernels take their chunked
+    form, more than one 64-token chunk), no cache;
+(b) the same prompts prefilled in three chunks (37 + 24 + 19 tokens: the first chunked, the others
+    short continuations from the carried state) with the cache carried over;
+(c) a prefill of 72 tokens, then 8 single-token decode steps;
+(d) a prefix-cache hit: the 40-token prefix is prefilled in slot 0 (slot 1 holds a stale, different
+    prompt), every state of the cache (conv and recurrent states, attention keys/values) is copied
+    slot 0 -> slot 1 with one ``ssmk.batch_memcpy``, then two different 6-token suffixes and 2
+    decode steps continue in the two slots; the result must equal cold prefills of
+    prefix + suffix.
+
+Compared: the logits (GLM-5-Next: the text model's last hidden state, it has no LM head) of the hooked
+run with those of the same scenario without the hook, and of (b), (c), (d) also with the unhooked
+full prefill of the same tokens; in (c) also the final conv and recurrent cache tensors, and that
+they are the same tensors (same storage) as after the prefill, i.e. updated in place. Every run
+asserts that each replaced function was called and went to ssmk (no fallback), so no comparison
+passes vacuously, and a sensitivity check proves the logits react to the states: dropping the carried
+states between the chunks of (b) moves them by more than 100x the f32 tolerance.
+
+Tolerances (an error is ``max |got - want| / max |want|``, relative to the largest logit):
+
+* float32: ``1e-5``. ssmk computes in f32 like transformers' torch references, only in another
+  order (fused loops, a chunked WY / SSD form where the reference loops per token or chunks
+  differently), so the two differ by accumulated f32 rounding: measured <= 1e-6 over all families
+  and scenarios (``--report``; LFM2's conv is bit-identical), 10x below the tolerance, while the
+  kind of defect this guards against (a lost or misplaced state) moves the logits by 0.09-0.99
+  (the sensitivity check), ~10^4 times the tolerance.
+* bfloat16: the model in bf16, compared with the f32 computation of the same bf16-rounded weights.
+  With ``e_ref`` = the error of transformers' own bf16 run against that f32 run (the bf16 noise
+  of the whole model, 5e-3 to 2e-2 here), the hooked bf16 run must satisfy
+  ``|hooked - f32| <= 2 e_ref + 1e-3`` (ssmk's bf16 path is at most twice as far from the f32
+  result as transformers' own bf16 path) and ``|hooked - unhooked| <= 3 e_ref + 1e-3`` (what the
+  first bound and the triangle inequality allow). Measured: at most 1.22 e_ref and 1.60 e_ref.
+  Both runs round activations to bf16 at every layer boundary, so they differ by bf16 noise, not
+  by f32 rounding; 1e-3 (a quarter of bf16's unit roundoff 2^-8) covers families whose bf16
+  noise would be tiny. bf16 is only meaningful without discrete decisions: tiny random models
+  route MoE top-k on near-ties, which bf16 noise flips, moving the logits by O(1), so the bf16
+  models activate all experts (``smooth=True``); f32 runs use real top-k routing.
+
+Model choices: weights are transformers' random init (std 0.02), except LFM2, LFM2-MoE and
+Falcon-H1 at std 0.1, whose default-scale tiny models barely react to their conv state (dropping
+it moved the logits by only 6e-4); GLM-5-Next keeps every indexer key (``index_topk=256``):
+with a smaller top-k transformers' own cached forward differs from its uncached forward of the
+same tokens (by 0.12 from position 28 on with top-k 16, with or without ssmk), which would mask
+the comparisons (b)-(d) against (a).
+"""
+
+import os
+import sys
+import time
+import unittest
+import warnings
+from unittest import mock
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PYTHON = os.path.dirname(_HERE)  # cbindings/python: the ssmk package, install-free
+if _PYTHON not in sys.path:
+    sys.path.insert(0, _PYTHON)
+_LIB = os.path.join(_PYTHON, "..", "..", "target", "release", "libssmk.so")
+if "SSMK_LIBRARY" not in os.environ and os.path.exists(_LIB):
+    os.environ["SSMK_LIBRARY"] = os.path.abspath(_LIB)
+
+try:
+    import torch
+    import transformers as T
+    from transformers import DynamicCache
+except ImportError as e:  # pragma: no cover - the CI job installs them
+    raise unittest.SkipTest(f"torch and transformers are needed: {e}")
+
+import ssmk
+import ssmk.transformers as st
+
+F32_TOL = 1e-5
+BF16_VS_REF = 3.0  # x e_ref
+BF16_VS_F32 = 2.0  # x e_ref
+BF16_FLOOR = 1e-3
+SENSITIVITY = 100  # x F32_TOL
+
+BATCH, LENGTH = 2, 80
+CHUNKS = (37, 24, 19)
+PREFILL, DECODE = 72, 8
+PREFIX, SUFFIX, SUFFIX_DECODE = 40, 6, 2
+
+
+# ------------------------------------------------------------------ tiny configs (no downloads)
+
+def _experts(smooth, n, k):
+    return n if smooth else k
+
+
+def qwen3_next(smooth):
+    return T.Qwen3NextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,  # GQA in the delta rule: HV/H = 2
+        num_experts=4, num_experts_per_tok=_experts(smooth, 4, 2), moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, decoder_sparse_step=1,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        max_position_embeddings=256, pad_token_id=0)
+
+
+def qwen3_5(smooth):
+    return T.Qwen3_5TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        max_position_embeddings=256, pad_token_id=0)
+
+
+def qwen3_5_moe(smooth):
+    return T.Qwen3_5MoeTextConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=4, num_experts_per_tok=_experts(smooth, 4, 2), moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        max_position_embeddings=256, pad_token_id=0)
+
+
+def lfm2(smooth):
+    return T.Lfm2Config(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
+        layer_types=["conv", "full_attention", "conv"], block_auto_adjust_ff_dim=False,
+        max_position_embeddings=256, initializer_range=0.1)
+
+
+def lfm2_moe(smooth):
+    return T.Lfm2MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3, num_dense_layers=1,
+        num_experts=4, num_experts_per_tok=_experts(smooth, 4, 2),
+        layer_types=["conv", "full_attention", "conv"], max_position_embeddings=256, initializer_range=0.1)
+
+
+def kimi_linear(smooth):
+    return T.KimiLinearConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+        num_local_experts=4, num_experts_per_tok=_experts(smooth, 4, 2), n_group=1, topk_group=1,
+        linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "dense"],
+        max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def glm5_next(smooth):
+    return T.Glm5NextTextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        n_routed_experts=4, num_experts_per_tok=_experts(smooth, 4, 2), n_shared_experts=1,
+        kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
+        index_topk=256,  # >= every prompt: see the note on GLM-5 in the docstring index_head_dim=16, index_n_heads=2, index_kpool=4,
+        linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+        hc_mult=2, hc_sinkhorn_iters=3,
+        mlp_layer_types=["dense", "dense", "sparse", "sparse"],
+        max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def nemotron_h(smooth):
+    return T.NemotronHConfig(
+        vocab_size=128, hidden_size=64,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+        ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, expand=2,
+        chunk_size=8, max_position_embeddings=256)
+
+
+def mamba2(smooth):
+    return T.Mamba2Config(
+        vocab_size=128, hidden_size=64, num_heads=8, head_dim=16, state_size=16, num_hidden_layers=2,
+        expand=2, conv_kernel=4, n_groups=2, chunk_size=8)
+
+
+def bamba(smooth):
+    return T.BambaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, attn_layer_indices=[1],
+        mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=8, max_position_embeddings=256)
+
+
+def granitemoehybrid(smooth):
+    return T.GraniteMoeHybridConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=_experts(smooth, 4, 2), shared_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=8, max_position_embeddings=256, pad_token_id=0)
+
+
+def falcon_h1(smooth):
+    return T.FalconH1Config(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, mamba_rms_norm=False,
+        max_position_embeddings=256, initializer_range=0.1)
+
+
+def zamba2(smooth):
+    return T.Zamba2Config(
+        vocab_size=128, hidden_size=64, num_hidden_layers=4,
+        layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"],
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_ngroups=2, n_mamba_heads=8,
+        chunk_size=8, num_attention_heads=4, num_key_value_heads=4, intermediate_size=64,
+        num_mem_blocks=1, max_position_embeddings=256, use_mem_rope=True)
+
+
+# family -> (config factory, model class, has an LM head, takes position_ids)
+MODELS = {
+    "qwen3_next": (qwen3_next, "Qwen3NextForCausalLM", True, True),
+    "qwen3_5": (qwen3_5, "Qwen3_5ForCausalLM", True, True),
+    "qwen3_5_moe": (qwen3_5_moe, "Qwen3_5MoeForCausalLM", True, True),
+    "lfm2": (lfm2, "Lfm2ForCausalLM", True, True),
+    "lfm2_moe": (lfm2_moe, "Lfm2MoeForCausalLM", True, True),
+    "kimi_linear": (kimi_linear, "KimiLinearForCausalLM", True, True),
+    "glm5_next": (glm5_next, "Glm5NextTextModel", False, True),
+    "nemotron_h": (nemotron_h, "NemotronHForCausalLM", True, True),
+    "mamba2": (mamba2, "Mamba2ForCausalLM", True, False),
+    "bamba": (bamba, "BambaForCausalLM", True, True),  # Bamba needs explicit positions with a cache
+    "granitemoehybrid": (granitemoehybrid, "GraniteMoeHybridForCausalLM", True, True),
+    "falcon_h1": (falcon_h1, "FalconH1ForCausalLM", True, True),
+    "zamba2": (zamba2, "Zamba2ForCausalLM", True, True),
+}
+
+
+def build(family, dtype=torch.float32, smooth=False, seed=0):
+    config_fn, cls, _, _ = MODELS[family]
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = getattr(T, cls)(config_fn(smooth))
+    return model.eval().to(dtype)
+
+
+# ------------------------------------------------------------------ the scenarios
+
+class Runner:
+    def __init__(self, family, model):
+        self.family, self.model = family, model
+        _, _, self.lm, self.positions = MODELS[family]
+
+    def forward(self, ids, cache=None, start=0):
+        kw = {}
+        if self.positions:
+            kw["position_ids"] = torch.arange(start, start + ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+        out = self.model(input_ids=ids, cache=cache, use_cache=cache is not None, **kw)
+        return (out.logits if self.lm else out.last_hidden_state).float()
+
+    def cache(self):
+        return DynamicCache(config=self.model.config)
+
+    def full(self, ids):
+        return self.forward(ids)
+
+    def chunked(self, ids, chunks=CHUNKS, drop_states=False):
+        cache, outs, start = self.cache(), [], 0
+        for n in chunks:
+            outs.append(self.forward(ids[:, start:start + n], cache, start))
+            start += n
+            if drop_states:
+                for t in linear_states(cache):
+                    t.zero_()
+        return torch.cat(outs, 1)
+
+    def decode(self, ids, prefill=PREFILL):
+        cache = self.cache()
+        outs = [self.forward(ids[:, :prefill], cache)]
+        before = [(t.data_ptr(), t.shape) for t in linear_states(cache)]
+        for t in range(prefill, ids.shape[1]):
+            outs.append(self.forward(ids[:, t:t + 1], cache, t))
+        after = [(t.data_ptr(), t.shape) for t in linear_states(cache)]
+        states = [t.float().clone() for t in linear_states(cache)]
+        return torch.cat(outs, 1), states, before == after
+
+    def prefix_hit(self, prefix, stale, suffixes):
+        """Slot 0 prefills ``prefix``, slot 1 a stale prompt; slot 0 is copied to slot 1 with
+        ssmk.batch_memcpy, then each slot continues with its suffix (prefill, then decode steps)."""
+        cache = self.cache()
+        self.forward(torch.cat([prefix, stale]), cache)
+        copy_slot(cache, 0, 1)
+        P, S = prefix.shape[1], SUFFIX
+        outs = [self.forward(suffixes[:, :S], cache, P)]
+        for t in range(S, suffixes.shape[1]):
+            outs.append(self.forward(suffixes[:, t:t + 1], cache, P + t))
+        return torch.cat(outs, 1)
+
+    def all(self, ids, prefix_ids):
+        """Every scenario's output for this model (hooked or not, as the caller set up)."""
+        with torch.inference_mode():
+            prefix, stale, suffixes = prefix_ids
+            return {
+                "a": self.full(ids),
+                "b": self.chunked(ids),
+                "c": self.decode(ids),
+                "d": self.prefix_hit(prefix, stale, suffixes),
+                "d_cold": self.full(torch.cat([prefix.expand(2, -1), suffixes], 1))[:, PREFIX:],
+            }
+
+
+def linear_states(cache):
+    """The conv and recurrent state tensors of every linear-attention layer of a DynamicCache."""
+    out = []
+    for layer in cache.layers:
+        for attr in ("conv_states", "recurrent_states"):
+            for t in getattr(layer, attr, {}).values():
+                if isinstance(t, torch.Tensor):
+                    out.append(t)
+    return out
+
+
+def slot_tensors(cache):
+    """Every per-sequence tensor of the cache: conv/recurrent states, attention keys/values, indexer keys."""
+    out = list(linear_states(cache))
+    for layer in cache.layers:
+        for attr in ("keys", "values", "indexer_keys"):
+            t = getattr(layer, attr, None)
+            if isinstance(t, torch.Tensor) and t.numel():
+                out.append(t)
+    return out
+
+
+def copy_slot(cache, src, dst):
+    """vLLM's prefix-cache hit: copy slot ``src``'s states to slot ``dst`` in one ssmk.batch_memcpy."""
+    dsts, srcs, sizes = [], [], []
+    for t in slot_tensors(cache):
+        assert t.is_contiguous() and t.dim() >= 2, (t.shape, t.stride())
+        row = t[0].numel() * t.element_size()
+        dsts.append(t[dst].data_ptr())
+        srcs.append(t[src].data_ptr())
+        sizes.append(row)
+    assert dsts
+    ssmk.batch_memcpy(dsts, srcs, sizes)
+
+
+def inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 128, (BATCH, LENGTH), generator=g)
+    prefix = torch.randint(3, 128, (1, PREFIX), generator=g)
+    stale = torch.randint(3, 128, (1, PREFIX), generator=g)
+    suffixes = torch.randint(3, 128, (2, SUFFIX + SUFFIX_DECODE), generator=g)
+    return ids, (prefix, stale, suffixes)
+
+
+def err(got, want):
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def comparisons(hook, ref):
+    """name -> (hooked output, reference output) for one family, all scenarios."""
+    c_hook, states_hook, inplace = hook["c"]
+    c_ref, states_ref, _ = ref["c"]
+    out = {
+        "a": (hook["a"], ref["a"]),
+        "b": (hook["b"], ref["b"]),
+        "b~a": (hook["b"], ref["a"]),
+        "c": (c_hook, c_ref),
+        "c~a": (c_hook, ref["a"]),
+        "d": (hook["d"], ref["d"]),
+        "d~cold": (hook["d"], ref["d_cold"]),
+    }
+    for i, (h, r) in enumerate(zip(states_hook, states_ref)):
+        out[f"c.state{i}"] = (h, r)
+    return out, inplace
+
+
+def run_family(family, dtype=torch.float32, smooth=False):
+    """(reference outputs, hooked outputs, ssmk call counts) for one family."""
+    model = build(family, dtype, smooth)
+    runner = Runner(family, model)
+    ids, prefix_ids = inputs()
+    ref = runner.all(ids, prefix_ids)
+    st.reset_call_counts()
+    with st.enabled([family]) as routed:
+        assert routed == [family], routed
+        hook = runner.all(ids, prefix_ids)
+    return ref, hook, st.call_counts(), runner
+
+
+# ------------------------------------------------------------------ tests
+
+class HookTest(unittest.TestCase):
+    def assertRouted(self, family, counts):
+        used = {name for (fam, name, route), n in counts.items() if fam == family and route == "ssmk" and n}
+        fallbacks = {k: n for k, n in counts.items() if k[2] == "fallback"}
+        self.assertEqual(used, set(st.FAMILIES[family]), f"{family}: functions that reached ssmk")
+        self.assertEqual(fallbacks, {}, f"{family}: unexpected fallbacks")
+
+    def check_f32(self, family):
+        ref, hook, counts, runner = run_family(family)
+        self.assertRouted(family, counts)
+        pairs, inplace = comparisons(hook, ref)
+        self.assertTrue(inplace, f"{family}: the cache tensors were replaced, not updated in place")
+        for name, (got, want) in pairs.items():
+            self.assertLessEqual(err(got, want), F32_TOL, f"{family} f32 {name}")
+        # The comparisons have teeth: losing the carried state is far outside the tolerance.
+        ids, _ = inputs()
+        with torch.inference_mode():
+            dropped = runner.chunked(ids, drop_states=True)
+        self.assertGreater(err(dropped, ref["a"]), SENSITIVITY * F32_TOL, f"{family}: logits ignore the state")
+
+    def check_bf16(self, family):
+        ref, hook, counts, runner = run_family(family, torch.bfloat16, smooth=True)
+        self.assertRouted(family, counts)
+        f32 = Runner(family, runner.model.float()).all(*inputs())  # same (bf16-rounded) weights in f32
+        pairs_hook, inplace = comparisons(hook, ref)
+        self.assertTrue(inplace)
+        pairs_f32, _ = comparisons(hook, f32)
+        pairs_ref, _ = comparisons(ref, f32)
+        for name in pairs_hook:
+            if ".state" in name:
+                continue  # bf16 models keep f32 recurrent states; covered by the logits
+            e_ref = err(*pairs_ref[name])
+            self.assertLessEqual(err(*pairs_hook[name]), BF16_VS_REF * e_ref + BF16_FLOOR,
+                                 f"{family} bf16 {name}: hooked vs unhooked (e_ref {e_ref:.2e})")
+            self.assertLessEqual(err(*pairs_f32[name]), BF16_VS_F32 * e_ref + BF16_FLOOR,
+                                 f"{family} bf16 {name}: hooked vs f32 (e_ref {e_ref:.2e})")
+
+
+def _add_tests():
+    for family in MODELS:
+        setattr(HookTest, f"test_{family}_f32", lambda self, f=family: self.check_f32(f))
+        setattr(HookTest, f"test_{family}_bf16", lambda self, f=family: self.check_bf16(f))
+
+
+_add_tests()
+
+
+class ControlTest(unittest.TestCase):
+    def tearDown(self):
+        st.disable()
+
+    def modules(self):
+        import importlib
+
+        return {f: importlib.import_module(f"transformers.models.{f}.modeling_{f}") for f in st.FAMILIES}
+
+    def snapshot(self):
+        return {(f, n): getattr(m, n) for f, m in self.modules().items() for n in st.FAMILIES[f]}
+
+    def test_enable_disable_restores_originals(self):
+        before = self.snapshot()
+        routed = st.enable()
+        self.assertEqual(sorted(routed), sorted(st.FAMILIES))
+        after = self.snapshot()
+        for key, fn in after.items():
+            self.assertIsNot(fn, before[key], key)
+            self.assertIs(fn._ssmk_original, before[key], key)
+        self.assertEqual(sorted(st.enable()), sorted(st.FAMILIES))  # idempotent
+        self.assertEqual(self.snapshot(), after)
+        st.disable()
+        self.assertEqual(st.enabled_families(), [])
+        for key, fn in self.snapshot().items():
+            self.assertIs(fn, before[key], key)
+
+    def test_context_manager_nests(self):
+        before = self.snapshot()
+        with st.enabled(["lfm2"]):
+            with st.enabled(["lfm2", "mamba2"]) as routed:
+                self.assertEqual(routed, ["lfm2", "mamba2"])
+            self.assertEqual(st.enabled_families(), ["lfm2"])  # the outer one's stays
+        self.assertEqual(self.snapshot(), before)
+
+    def test_unknown_version_leaves_everything_untouched(self):
+        before = self.snapshot()
+        with mock.patch.object(sys.modules["transformers"], "__version__", "5.99.0"):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.assertEqual(st.enable(), [])
+                with st.enabled() as routed:
+                    self.assertEqual(routed, [])
+            self.assertTrue(any("5.99.0" in str(w.message) and "nothing was patched" in str(w.message)
+                                for w in caught), [str(w.message) for w in caught])
+            self.assertEqual(self.snapshot(), before)
+            self.assertEqual(st.enable(["lfm2"], force=True), ["lfm2"])  # force overrides
+        st.disable()
+        self.assertEqual(self.snapshot(), before)
+
+    def test_unknown_family_and_model_class_warn(self):
+        before = self.snapshot()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(st.enable(["llama"]), [])
+            self.assertEqual(st.enable(torch.nn.Linear(2, 2)), [])
+        messages = " | ".join(str(w.message) for w in caught)
+        self.assertIn("unknown family 'llama'", messages)
+        self.assertIn("no ssmk route for Linear", messages)
+        self.assertEqual(self.snapshot(), before)
+        # A model instance enables its own family.
+        self.assertEqual(st.enable(build("lfm2")), ["lfm2"])
+
+    def test_foreign_replacement_is_not_overwritten(self):
+        import transformers.models.lfm2.modeling_lfm2 as m
+
+        original = m.causal_conv1d_fn
+        try:
+            m.causal_conv1d_fn = lambda *a, **k: None
+            foreign = m.causal_conv1d_fn
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.assertEqual(st.enable(["lfm2"]), [])
+            self.assertIn("already replaced", " ".join(str(w.message) for w in caught))
+            self.assertIs(m.causal_conv1d_fn, foreign)
+            self.assertIs(m.causal_conv1d_update.__module__, original.__module__)
+        finally:
+            m.causal_conv1d_fn = original
+
+    def test_fallbacks(self):
+        """Autograd and float64 go to transformers' own functions."""
+        model = build("qwen3_5")
+        ids = torch.randint(3, 128, (1, 12))
+        with torch.no_grad():
+            want = model(input_ids=ids).logits
+        st.enable(["qwen3_5"])
+        st.reset_call_counts()
+        got = model(input_ids=ids).logits  # grad enabled, weights require grad
+        self.assertTrue(got.requires_grad)
+        got.sum().backward()  # works: the torch path ran
+        self.assertEqual({k[2] for k in st.call_counts()}, {"fallback"})
+        torch.testing.assert_close(got.detach(), want, rtol=0, atol=0)
+        st.reset_call_counts()
+        with torch.no_grad():
+            model.double()(input_ids=ids)
+        self.assertEqual({k[2] for k in st.call_counts()}, {"fallback"})
+
+    def test_compile_traces_the_original(self):
+        """Under torch.compile (dynamo) tracing the replacement hands over to transformers' function."""
+        import transformers.models.lfm2.modeling_lfm2 as m
+
+        x, w = torch.randn(2, 8, 5), torch.randn(8, 3)
+        want = m.causal_conv1d_fn(x, w, None, activation="silu")
+        st.enable(["lfm2"])
+        st.reset_call_counts()
+        compiled = torch.compile(lambda x, w: m.causal_conv1d_fn(x, w, None, activation="silu"),
+                                 backend="eager", fullgraph=True)
+        with torch.no_grad():
+            got = compiled(x, w)
+        self.assertEqual(st.call_counts(), {("lfm2", "causal_conv1d_fn", "fallback"): 1})
+        torch.testing.assert_close(got, want)
+        with torch.no_grad():
+            eager = m.causal_conv1d_fn(x, w, None, activation="silu")  # not compiling: ssmk
+        self.assertEqual(st.call_counts()[("lfm2", "causal_conv1d_fn", "ssmk")], 1)
+        torch.testing.assert_close(eager, want, rtol=0, atol=1e-6)
+
+    def test_packed_sequences_are_kept_apart(self):
+        """Batch 1 with cu_seqlens / seq_idx (packed sequences): each sequence as if alone
+        (transformers' torch references refuse these arguments; fla and mamba_ssm honour them)."""
+        import transformers.models.mamba2.modeling_mamba2 as mm
+        import transformers.models.qwen3_next.modeling_qwen3_next as qm
+
+        g = torch.Generator().manual_seed(3)
+        lens, L = (7, 30), 37
+        cu = torch.tensor([0, 7, 37], dtype=torch.int32)
+        seq_idx = torch.tensor([[0] * 7 + [1] * 30], dtype=torch.int32)
+        pieces = lambda t, dim: torch.split(t, lens, dim)  # noqa: E731
+        conv_ref, gdn_ref, scan_ref = qm.causal_conv1d_fn, qm.torch_chunk_gated_delta_rule, mm.mamba2_chunk_scan
+        x, w = torch.randn(1, 16, L, generator=g), torch.randn(16, 4, generator=g)
+        q, k = (torch.nn.functional.normalize(torch.randn(1, L, 2, 8, generator=g), dim=-1) for _ in range(2))
+        v = torch.randn(1, L, 4, 8, generator=g)
+        gate = -torch.rand(1, L, 4, generator=g)
+        beta = torch.rand(1, L, 4, generator=g)
+        xs, dt = torch.randn(1, L, 4, 8, generator=g), torch.randn(1, L, 4, generator=g)
+        A, B, C = -torch.rand(4, generator=g), torch.randn(1, L, 2, 8, generator=g), torch.randn(1, L, 2, 8, generator=g)
+        D, dt_bias = torch.rand(4, generator=g), torch.rand(4, generator=g)
+        with torch.no_grad():
+            conv_want = torch.cat([conv_ref(p, w, None, activation="silu") for p in pieces(x, 2)], 2)
+            gdn_want = [gdn_ref(*a, g=b, beta=c, output_final_state=True, use_qk_l2norm_in_kernel=True)
+                        for *a, b, c in zip(pieces(q, 1), pieces(k, 1), pieces(v, 1), pieces(gate, 1), pieces(beta, 1))]
+            scan_want = [scan_ref(a, b, A, c, d, chunk_size=8, D=D, dt_bias=dt_bias, dt_softplus=True,
+                                  return_final_states=True)
+                         for a, b, c, d in zip(pieces(xs, 1), pieces(dt, 1), pieces(B, 1), pieces(C, 1))]
+            st.enable(["qwen3_next", "mamba2"])
+            st.reset_call_counts()
+            conv_a = qm.causal_conv1d_fn(x, w, None, activation="silu", cu_seq_lens_q=cu)
+            conv_b = qm.causal_conv1d_fn(x, w, None, activation="silu", seq_idx=seq_idx)
+            out, state = qm.torch_chunk_gated_delta_rule(q, k, v, g=gate, beta=beta, output_final_state=True,
+                                                         use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+            y, h = mm.mamba2_chunk_scan(xs, dt, A, B, C, chunk_size=8, D=D, dt_bias=dt_bias, dt_softplus=True,
+                                        return_final_states=True, seq_idx=seq_idx)
+        self.assertEqual({k[2] for k in st.call_counts()}, {"ssmk"})
+        tol = dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(conv_a, conv_want, **tol)
+        torch.testing.assert_close(conv_b, conv_want, **tol)
+        torch.testing.assert_close(out, torch.cat([o for o, _ in gdn_want], 1), **tol)
+        torch.testing.assert_close(state, torch.cat([s for _, s in gdn_want]), **tol)
+        torch.testing.assert_close(y.float(), torch.cat([o for o, _ in scan_want], 1), **tol)
+        torch.testing.assert_close(h, torch.cat([s for _, s in scan_want]), **tol)
+
+    def test_generate_left_padded(self):
+        """Greedy generate of a left-padded batch (attention mask): the same tokens."""
+        for family in ("qwen3_next", "lfm2", "kimi_linear", "bamba"):
+            model = build(family)
+            ids = torch.randint(3, 128, (2, 30))
+            mask = torch.ones_like(ids)
+            ids[1, :9], mask[1, :9] = 0, 0
+            kw = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                want = model.generate(ids, **kw)
+                st.reset_call_counts()
+                with st.enabled([family]):
+                    got = model.generate(ids, **kw)
+            self.assertEqual({k[2] for k in st.call_counts()}, {"ssmk"}, family)
+            self.assertTrue(torch.equal(got, want), family)
+
+    def test_threads_follow_torch(self):
+        model = build("qwen3_5")
+        ids = torch.randint(3, 128, (2, 40))
+        n = torch.get_num_threads()
+        outs = []
+        with st.enabled(["qwen3_5"]), torch.inference_mode():
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                outs.append(model(input_ids=ids).logits)
+        torch.set_num_threads(n)
+        self.assertTrue(torch.equal(outs[0], outs[1]))  # ssmk results do not depend on the thread count
+        self.assertTrue({1, 2} <= set(st._contexts))
+
+
+# ------------------------------------------------------------------ --report
+
+def report():
+    """Print the measured errors and timings (what the tolerances were chosen from)."""
+    print(f"transformers {T.__version__}, torch {torch.__version__}, ssmk {ssmk.version()} "
+          f"({ssmk.active_isa()}), {torch.get_num_threads()} threads")
+    print("f32: max err over scenarios (relative to max |logit|); sensitivity = err when the state is dropped")
+    for family in MODELS:
+        t0 = time.time()
+        ref, hook, counts, runner = run_family(family)
+        pairs, inplace = comparisons(hook, ref)
+        errs = {k: err(*v) for k, v in pairs.items()}
+        with torch.inference_mode():
+            dropped = err(runner.chunked(inputs()[0], drop_states=True), ref["a"])
+        worst = max(errs, key=errs.get)
+        print(f"  {family:17s} max {errs[worst]:.1e} ({worst}); a {errs['a']:.1e} b {errs['b']:.1e} "
+              f"c {errs['c']:.1e} d {errs['d']:.1e} d~cold {errs['d~cold']:.1e}; sensitivity {dropped:.1e}; "
+              f"in place {inplace}; {time.time() - t0:.1f}s")
+    print("bf16 (smooth configs): e_ref = err(torch bf16 vs f32); hook/ref = err(hooked vs unhooked) / e_ref; "
+          "hook/f32 = err(hooked vs f32) / e_ref (worst scenario)")
+    for family in MODELS:
+        t0 = time.time()
+        ref, hook, counts, runner = run_family(family, torch.bfloat16, smooth=True)
+        f32 = Runner(family, runner.model.float()).all(*inputs())
+        ph, _ = comparisons(hook, ref)
+        pf, _ = comparisons(hook, f32)
+        pr, _ = comparisons(ref, f32)
+        rows = []
+        for name in ph:
+            if ".state" in name:
+                continue
+            e_ref = err(*pr[name])
+            rows.append((name, e_ref, err(*ph[name]), err(*pf[name])))
+        e_max = max(r[1] for r in rows)
+        r1 = max(rows, key=lambda r: r[2] / r[1])
+        r2 = max(rows, key=lambda r: r[3] / r[1])
+        print(f"  {family:17s} e_ref {min(r[1] for r in rows):.1e}..{e_max:.1e}; "
+              f"hook/ref {r1[2] / r1[1]:.2f} ({r1[0]}, {r1[2]:.1e}); hook/f32 {r2[3] / r2[1]:.2f} ({r2[0]}); "
+              f"{time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    if "--report" in sys.argv:
+        report()
+    else:
+        unittest.main()

@@ -32,6 +32,8 @@ import sys
 import time
 import warnings
 
+# Install-free from the repository: this directory holds the ssmk package; the library is
+# $SSMK_LIBRARY, else target/release/libssmk.so when built, else the package's own search.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release", "libssmk.so")
 if "SSMK_LIBRARY" not in os.environ and os.path.exists(_LIB):

@@ -3,10 +3,13 @@ recurrent kernels to ssmk as without it.
 
 No network and no downloads: every model is a tiny random-weight model built from a config below
 (``HF_HUB_OFFLINE=1``); torch (CPU) and transformers come from PyPI, pinned in
-``requirements.txt`` next to this file. Run::
+``requirements.txt`` next to this file. ssmk is the installed package if there is one, else the
+source tree (``cbindings/python``, with ``$SSMK_LIBRARY`` or ``target/release/libssmk.so``). Run::
 
-    SSMK_LIBRARY=target/release/libssmk.so python -m unittest discover -s cbindings/python/tests_e2e -v
+    python -m unittest discover -s cbindings/python/tests_e2e -v
     python cbindings/python/tests_e2e/test_transformers_hook.py --report   # the measured errors
+
+Everything runs on one thread (``setUpModule``) but the thread-count test; about 15 s on 2 cores.
 
 For every family (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, LFM2, LFM2-MoE, Kimi Linear, GLM-5-Next,
 Nemotron-H, Mamba-2, Bamba, Granite 4, Falcon-H1, Zamba2) and each of the checks vLLM runs end to end
@@ -70,14 +73,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PYTHON = os.path.dirname(_HERE)  # cbindings/python: the ssmk package, install-free
-if _PYTHON not in sys.path:
-    sys.path.insert(0, _PYTHON)
-_LIB = os.path.join(_PYTHON, "..", "..", "target", "release", "libssmk.so")
-if "SSMK_LIBRARY" not in os.environ and os.path.exists(_LIB):
-    os.environ["SSMK_LIBRARY"] = os.path.abspath(_LIB)
-
 try:
     import torch
     import transformers as T
@@ -85,7 +80,15 @@ try:
 except ImportError as e:  # pragma: no cover - the CI job installs them
     raise unittest.SkipTest(f"torch and transformers are needed: {e}")
 
-import ssmk
+try:
+    import ssmk  # an installed package (it finds its own library)
+except ImportError:  # install-free: the source tree, with SSMK_LIBRARY or target/release/libssmk.so
+    _PYTHON = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # cbindings/python
+    sys.path.insert(0, _PYTHON)
+    _LIB = os.path.join(_PYTHON, "..", "..", "target", "release", "libssmk.so")
+    if "SSMK_LIBRARY" not in os.environ and os.path.exists(_LIB):
+        os.environ["SSMK_LIBRARY"] = os.path.abspath(_LIB)
+    import ssmk
 import ssmk.transformers as st
 
 F32_TOL = 1e-5
@@ -405,6 +408,22 @@ def run_family(family, dtype=torch.float32, smooth=False):
 
 # ------------------------------------------------------------------ tests
 
+_threads = None
+
+
+def setUpModule():
+    # One thread (torch and ssmk alike) for the tiny models: a second buys nothing at this size, and
+    # on a loaded machine torch's spinning OpenMP barriers made the file 15x slower at 2 threads.
+    # test_threads_follow_torch runs both counts.
+    global _threads
+    _threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+
+def tearDownModule():
+    torch.set_num_threads(_threads)
+
+
 class HookTest(unittest.TestCase):
     def assertRouted(self, family, counts):
         used = {name for (fam, name, route), n in counts.items() if fam == family and route == "ssmk" and n}
@@ -511,6 +530,14 @@ class ControlTest(unittest.TestCase):
         messages = " | ".join(str(w.message) for w in caught)
         self.assertIn("unknown family 'llama'", messages)
         self.assertIn("no ssmk route for Linear", messages)
+        self.assertEqual(self.snapshot(), before)
+        # A family this transformers does not ship: warned about and skipped, the others proceed.
+        with mock.patch.dict(st.FAMILIES, {"not_in_this_version": st.FAMILIES["lfm2"]}):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.assertEqual(st.enable(["not_in_this_version", "lfm2"]), ["lfm2"])
+        self.assertIn("has no not_in_this_version model", " ".join(str(w.message) for w in caught))
+        st.disable()
         self.assertEqual(self.snapshot(), before)
         # A model instance enables its own family.
         self.assertEqual(st.enable(build("lfm2")), ["lfm2"])
@@ -634,11 +661,13 @@ class ControlTest(unittest.TestCase):
         ids = torch.randint(3, 128, (2, 40))
         n = torch.get_num_threads()
         outs = []
-        with st.enabled(["qwen3_5"]), torch.inference_mode():
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                outs.append(model(input_ids=ids).logits)
-        torch.set_num_threads(n)
+        try:
+            with st.enabled(["qwen3_5"]), torch.inference_mode():
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    outs.append(model(input_ids=ids).logits)
+        finally:
+            torch.set_num_threads(n)
         self.assertTrue(torch.equal(outs[0], outs[1]))  # ssmk results do not depend on the thread count
         self.assertTrue({1, 2} <= set(st._contexts))
 
@@ -647,6 +676,7 @@ class ControlTest(unittest.TestCase):
 
 def report():
     """Print the measured errors and timings (what the tolerances were chosen from)."""
+    setUpModule()
     print(f"transformers {T.__version__}, torch {torch.__version__}, ssmk {ssmk.version()} "
           f"({ssmk.active_isa()}), {torch.get_num_threads()} threads")
     print("f32: max err over scenarios (relative to max |logit|); sensitivity = err when the state is dropped")

@@ -3,7 +3,7 @@
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
 use super::sequences::parse_sequences;
-use super::views::{FLOATS, expect_shape, strided};
+use super::views::{FLOATS, expect_outputs_disjoint, expect_shape, strided};
 use crate::dtype::DType;
 use crate::kernels::gdn::gating::{self, Gating, KdaGating};
 use crate::kernels::gdn::{self, DeltaRule};
@@ -456,13 +456,7 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
         }
         // Outputs: each element once, and never memory another tensor of the call uses.
         let inputs = [Some(&q), Some(&k), Some(&v), Some(&g), Some(&beta)];
-        out.expect_no_self_overlap()?;
-        out.expect_disjoint_from(&inputs)?;
-        if let Some(st) = &state {
-            st.expect_no_self_overlap()?;
-            st.expect_disjoint_from(&inputs)?;
-            st.expect_disjoint(&out)?;
-        }
+        expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
 
         let sequences = parse_sequences(
             tokens,

@@ -3,7 +3,7 @@
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
 use super::sequences::parse_sequences;
-use super::views::{FLOATS, expect_shape, strided};
+use super::views::{FLOATS, expect_outputs_disjoint, expect_shape, strided};
 use crate::dtype::DType;
 use crate::ensure;
 use crate::kernels::mamba2::{self, Scan};
@@ -213,13 +213,7 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             d.as_ref(),
             dt_bias.as_ref(),
         ];
-        out.expect_no_self_overlap()?;
-        out.expect_disjoint_from(&inputs)?;
-        if let Some(st) = &state {
-            st.expect_no_self_overlap()?;
-            st.expect_disjoint_from(&inputs)?;
-            st.expect_disjoint(&out)?;
-        }
+        expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
         let sequences = parse_sequences(
             tokens,
             cu_seqlens.as_ref(),

@@ -34,3 +34,20 @@ pub(crate) fn expect_shape(
     }
     v.expect_dtype(dtypes)
 }
+
+/// A recurrent kernel's outputs, `out` and the state pool (read and written in place): each
+/// element once, and never memory another tensor of the call uses.
+pub(crate) fn expect_outputs_disjoint(
+    out: &View,
+    state: Option<&View>,
+    inputs: &[Option<&View>],
+) -> Result<()> {
+    out.expect_no_self_overlap()?;
+    out.expect_disjoint_from(inputs)?;
+    if let Some(st) = state {
+        st.expect_no_self_overlap()?;
+        st.expect_disjoint_from(inputs)?;
+        st.expect_disjoint(out)?;
+    }
+    Ok(())
+}

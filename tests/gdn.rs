@@ -912,9 +912,11 @@ fn padding_case(kda: bool) {
     verify(&p, &a, &reference(&p, &plain_seqs(&p)), "NULL state");
 }
 
-/// Results are bitwise identical on one and two threads, for both gate shapes.
+/// Results are bitwise identical on 1, 2, 3 and 8 threads, for both gate shapes. With two q/k
+/// heads and two chunked sequences, 1 and 2 threads run each (sequence, head) as one task through
+/// both passes, 3 and 8 run the passes in waves (of different widths) over the threads.
 #[test]
-fn one_and_two_threads_bitwise_equal() {
+fn thread_counts_bitwise_equal() {
     for kda in [false, true] {
         threads_case(kda);
     }
@@ -939,14 +941,20 @@ fn threads_case(kda: bool) {
     }
     p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 0, 1, 1, 1]));
     let mut results = Vec::new();
-    for threads in [1, 2] {
+    for threads in [1, 2, 3, 8] {
         let ctx = ssmk_context_create(threads);
         let mut a = p.clone();
         a.run(Path::Auto, ctx, &format!("kda {kda}, {threads} threads"));
         unsafe { ssmk_context_destroy(ctx) };
-        results.push((a.out.bytes(), a.state.as_ref().unwrap().bytes()));
+        results.push((threads, a.out.bytes(), a.state.as_ref().unwrap().bytes()));
     }
-    assert!(results[0] == results[1], "kda {kda}: 1 vs 2 threads differ");
+    for (threads, out, state) in &results[1..] {
+        let (_, out1, state1) = &results[0];
+        assert!(
+            out == out1 && state == state1,
+            "kda {kda}: 1 vs {threads} threads differ"
+        );
+    }
 }
 
 /// Every ISA level this CPU runs, each path, against the crate's f64 reference (`Isa::Scalar`);

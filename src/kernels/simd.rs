@@ -127,24 +127,35 @@ unsafe fn exp_generic<S: Simd>(x: S::V) -> S::V {
 /// The CPU supports `S`; `x.len() == out.len()`.
 #[inline(always)]
 pub(crate) unsafe fn exp_into<S: Simd>(x: &[f32], out: &mut [f32]) {
+    debug_assert!(out.len() == x.len());
+    unsafe { exp_rows::<S>(x.as_ptr(), out.as_mut_ptr(), x.len()) }
+}
+
+/// `x[i] = exp(x[i])`, as [`exp_into`].
+///
+/// # Safety
+/// The CPU supports `S`.
+#[inline(always)]
+pub(crate) unsafe fn exp_in_place<S: Simd>(x: &mut [f32]) {
+    unsafe { exp_rows::<S>(x.as_ptr(), x.as_mut_ptr(), x.len()) }
+}
+
+/// `out[i] = exp(x[i])` for `i < n`; `x` and `out` may be the same floats.
+#[inline(always)]
+unsafe fn exp_rows<S: Simd>(x: *const f32, out: *mut f32, n: usize) {
     let l = S::LANES;
-    let n = x.len();
-    debug_assert!(out.len() == n && l <= 16);
+    debug_assert!(l <= 16);
     let mut i = 0;
     unsafe {
         while i + l <= n {
-            S::store_f32(
-                out.as_mut_ptr().add(i),
-                S::exp(S::load_f32(x.as_ptr().add(i))),
-            );
+            S::store_f32(out.add(i), S::exp(S::load_f32(x.add(i))));
             i += l;
         }
         if i < n {
             let mut buf = [0f32; 16];
-            buf[..n - i].copy_from_slice(&x[i..]);
-            let mut res = [0f32; 16];
-            S::store_f32(res.as_mut_ptr(), S::exp(S::load_f32(buf.as_ptr())));
-            out[i..].copy_from_slice(&res[..n - i]);
+            std::ptr::copy_nonoverlapping(x.add(i), buf.as_mut_ptr(), n - i);
+            S::store_f32(buf.as_mut_ptr(), S::exp(S::load_f32(buf.as_ptr())));
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), out.add(i), n - i);
         }
     }
 }

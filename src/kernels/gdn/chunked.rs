@@ -6,10 +6,14 @@
 //! `w = T (k * beta * e^G)`, `u = T (v * beta)`, `v' = u - w S0`,
 //! `o = (q * e^G) S0 + (q k^T o decay, lower incl. diagonal) v'`,
 //! `S = e^(G_last) S0 + (k * e^(G_last - G))^T v'`.
-//! Pass 1 ([`intra`], one task per (chunk, q/k head), `k k^T` and `q k^T` shared by the v-heads of
-//! the group) stores `-w`, `u`, the masked `P = q k^T o decay` and `G` in scratch; pass 2
-//! ([`inter`], one task per (sequence, v-head)) runs the chunks of the sequence in order.
-//! Everything is f32; the state stays f32 for the whole sequence.
+//! Pass 1 ([`intra`], per (chunk, q/k head), `k k^T` and `q k^T` shared by the v-heads of the
+//! group) stores per v-head `-w`, `u`, the masked `P = q k^T o decay`, `q e^G`, `k e^(G_last - G)`
+//! and `e^(G_last)` (see [`Layout`]); pass 2 ([`inter_chunk`]) carries the state of one
+//! (sequence, v-head) through a chunk with four GEMMs. With enough (sequence, q/k head) pairs for
+//! the threads, one task runs both passes chunk by chunk for a pair ([`fused`]: the chunk's scratch
+//! stays in L2); otherwise pass 1 runs over all chunks in parallel and pass 2 per (sequence,
+//! v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the state stays f32 for the
+//! whole sequence.
 //!
 //! Per-channel decays (KDA) make `G` a `K`-vector per token, so `e^(G_i - G_j)` no longer factors
 //! out of `k k^T`, and `e^(+G)` of a chunk (up to `e^(64*20)`) cannot be formed. [`intra`] then
@@ -18,15 +22,14 @@
 //! sums). The chunk is cut into sub-chunks of [`SUB`] tokens; for rows of sub-chunk `I` (from
 //! token `n`) and columns `j < n`, `e^(G_i - G_j) = e^(G_i - G_(n-1)) e^(G_(n-1) - G_j)`, both
 //! factors `<= 1`, so those blocks of `k k^T` and `q k^T` are one GEMM per sub-chunk; the
-//! diagonal blocks are summed pair by pair with the running product. Pass 1 then also stores
-//! `q * e^G`, `k * e^(G_last - G)` and `e^(G_last)` per v-head for pass 2.
+//! diagonal blocks are summed pair by pair with the running product; `q e^G`, `k e^(G_last - G)`
+//! and `e^(G_last)` are running products too, one decay per row of the state.
 
-use super::{
-    CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, load_row, prefetch_l2, store_row,
-};
+use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2};
 pub use crate::kernels::chunking::Chunk;
+use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::gemm::{MatA, gemm};
-use crate::kernels::simd::{Simd, exp_into};
+use crate::kernels::simd::{Simd, exp_in_place, exp_into, load_row_simd, store_row_simd};
 
 const C: usize = CHUNK;
 
@@ -38,10 +41,10 @@ const SUB: usize = 16;
 /// (slow on some CPUs) for fast-decaying channels; the error is below `2^-60` absolute.
 const FLUSH: f32 = 8.673_617e-19; // 2^-60
 
-/// Scratch layout of one wave of q/k heads `first_head .. first_head + heads` (and their v-heads),
-/// in f32 elements, per chunk: for each q/k head `[2][C][K]` (normalised q, k), then for each
-/// v-head `-w [C][K]`, `u [C][V]`, `P [C][C]` and the decays: `G [C]`, or with per-channel decays
-/// `q e^G [C][Kp]`, `k e^(G_last - G) [C][Kp]`, `e^(G_last) [Kp]` (`Kp` = [`padded_k`]).
+/// Scratch layout of one wave of q/k heads `first_head .. first_head + heads`, in f32 elements,
+/// per chunk and v-head of those heads: `-w [C][K]`, `u [C][V]`, `P [C][C]`, `q e^G [C][Kp]`,
+/// `k e^(G_last - G) [C][Kp]` and `e^(G_last) [Kp]` (`Kp` = [`padded_k`]; one decay per row of
+/// the state, the same for every row with a decay per v-head).
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
     pub first_head: usize,
@@ -50,40 +53,35 @@ pub struct Layout {
     pub group: usize,
     pub k_dim: usize,
     pub v_dim: usize,
-    pub per_channel: bool,
 }
 
 impl Layout {
-    fn qk_size(&self) -> usize {
-        2 * C * self.k_dim
-    }
-    fn decays_size(&self) -> usize {
-        match self.per_channel {
-            true => (2 * C + 1) * padded_k(self.k_dim),
-            false => C,
-        }
-    }
     fn head_size(&self) -> usize {
-        C * self.k_dim + C * self.v_dim + C * C + self.decays_size()
+        let kp = padded_k(self.k_dim);
+        C * self.k_dim + C * self.v_dim + C * C + (2 * C + 1) * kp
     }
     pub fn chunk_size(&self) -> usize {
-        self.heads * self.qk_size() + self.heads * self.group * self.head_size()
+        self.heads * self.group * self.head_size()
     }
-    /// Normalised q of chunk `c`, head `h` (k follows at `+ C*K`).
-    fn qk(&self, base: *mut f32, c: usize, h: usize) -> *mut f32 {
-        base.wrapping_add(c * self.chunk_size() + (h - self.first_head) * self.qk_size())
-    }
-    /// `-w` of chunk `c`, v-head number `j` of q/k head `h`; `u`, `P`, the decays follow.
+    /// The scratch of chunk `c`, v-head number `j` of q/k head `h`.
     fn head(&self, base: *mut f32, c: usize, h: usize, j: usize) -> HeadScratch {
+        let kp = padded_k(self.k_dim);
         let w = base.wrapping_add(
-            c * self.chunk_size()
-                + self.heads * self.qk_size()
-                + ((h - self.first_head) * self.group + j) * self.head_size(),
+            c * self.chunk_size() + ((h - self.first_head) * self.group + j) * self.head_size(),
         );
         let u = w.wrapping_add(C * self.k_dim);
         let p = u.wrapping_add(C * self.v_dim);
-        let g = p.wrapping_add(C * C);
-        HeadScratch { w, u, p, g }
+        let qg = p.wrapping_add(C * C);
+        let kdec = qg.wrapping_add(C * kp);
+        let elast = kdec.wrapping_add(C * kp);
+        HeadScratch {
+            w,
+            u,
+            p,
+            qg,
+            kdec,
+            elast,
+        }
     }
 }
 
@@ -91,8 +89,9 @@ struct HeadScratch {
     w: *mut f32,
     u: *mut f32,
     p: *mut f32,
-    /// `G`, or `q e^G`, `k e^(G_last - G)`, `e^(G_last)` (see [`Layout`]).
-    g: *mut f32,
+    qg: *mut f32,
+    kdec: *mut f32,
+    elast: *mut f32,
 }
 
 /// Row `i` of `T = (I + A)^-1` by forward substitution, `T[i] = e_i - sum_{l<i} A[i][l] T[l]`,
@@ -131,11 +130,66 @@ unsafe fn inverse_row<S: Simd>(tinv: *mut f32, i: usize, a: &[f32]) {
     unsafe { *tinv.add(i * C + i) = 1.0 };
 }
 
-/// Pass 1 for chunk `c` and q/k head `h`.
+/// Splits the first `n` floats off `rest`.
+fn carve<'a>(rest: &mut &'a mut [f32], n: usize) -> &'a mut [f32] {
+    let (head, tail) = std::mem::take(rest).split_at_mut(n);
+    *rest = tail;
+    head
+}
+
+/// What a pass-1 task works in, carved from its thread's task buffer: the normalised q and k rows
+/// of the chunk (`[C][Kp]`, zero past K), the two masked products, `T`, and the right-hand sides
+/// `x = -k * beta * e^G` (`[C][Kp]`) and `y = v * beta` (`[C][V]`) of `w` and `u`.
+struct Work<'a> {
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    kk: &'a mut [f32],
+    qk: &'a mut [f32],
+    tinv: &'a mut [f32],
+    x: &'a mut [f32],
+    y: &'a mut [f32],
+}
+
+impl Work<'_> {
+    fn floats(kp: usize, vd: usize) -> usize {
+        3 * C * kp + 3 * C * C + C * vd
+    }
+}
+
+/// Floats of task buffer [`intra`] works in.
+pub fn intra_floats(args: &DeltaRule) -> usize {
+    let kp = padded_k(args.k_dim);
+    Work::floats(kp, args.v_dim)
+        + match args.per_channel {
+            true => PerChannel::floats(kp),
+            false => args.k_dim * C,
+        }
+}
+
+/// Pass 1 for chunk `c` and q/k head `h` as a task of its own, in this thread's task buffer.
 ///
 /// # Safety
-/// `scratch` is laid out by `layout` for every chunk; this task alone writes chunk `c`'s head `h`
-/// q/k block and the blocks of the v-heads of group `h`.
+/// As for [`intra`].
+#[inline(always)]
+pub unsafe fn intra_task<S: Simd>(
+    args: &DeltaRule,
+    layout: &Layout,
+    scratch: *mut f32,
+    c: usize,
+    chunk: Chunk,
+    h: usize,
+) {
+    let mut buf = TaskBuffer::take(intra_floats(args));
+    unsafe { intra::<S>(args, layout, scratch, c, chunk, h, &mut buf) }
+}
+
+/// Pass 1 for chunk `c` and q/k head `h`: for every v-head of the group, everything pass 2 needs
+/// of the chunk but the state (see [`Layout`]), working in `buf` ([`intra_floats`], its padding
+/// lanes zero: only ever written by this function).
+///
+/// # Safety
+/// `scratch` is laid out by `layout` for every chunk; this task alone writes chunk `c`'s blocks
+/// of the v-heads of q/k head `h`.
 #[inline(always)]
 pub unsafe fn intra<S: Simd>(
     args: &DeltaRule,
@@ -144,40 +198,87 @@ pub unsafe fn intra<S: Simd>(
     c: usize,
     chunk: Chunk,
     h: usize,
+    buf: &mut [f32],
 ) {
     let (kd, vd, m) = (args.k_dim, args.v_dim, chunk.len);
-    let qn = layout.qk(scratch, c, h);
-    let kn = qn.wrapping_add(C * kd);
+    let kp = padded_k(kd);
+    let mut rest = buf;
+    let work = Work {
+        q: carve(&mut rest, C * kp),
+        k: carve(&mut rest, C * kp),
+        kk: carve(&mut rest, C * C),
+        qk: carve(&mut rest, C * C),
+        tinv: carve(&mut rest, C * C),
+        x: carve(&mut rest, C * kp),
+        y: carve(&mut rest, C * vd),
+    };
+    // The next chunk of this head is this thread's next work on it: ask for its token rows (a
+    // page apart, where the hardware prefetchers stop) into L2 now.
+    for t in chunk.start + C..(chunk.start + 2 * C).min(args.tokens) {
+        args.prefetch_token_l2(t, h, (0..layout.group).map(|j| args.v_head(h, j)));
+    }
+    for i in 0..m {
+        unsafe {
+            args.load_qk::<S>(
+                chunk.start + i,
+                h,
+                &mut work.q[i * kp..i * kp + kd],
+                &mut work.k[i * kp..i * kp + kd],
+            )
+        };
+    }
     unsafe {
-        for i in 0..m {
-            let qrow = std::slice::from_raw_parts_mut(qn.add(i * kd), kd);
-            let krow = std::slice::from_raw_parts_mut(kn.add(i * kd), kd);
-            args.load_qk(chunk.start + i, h, qrow, krow);
+        match args.per_channel {
+            true => intra_per_channel::<S>(args, layout, scratch, c, chunk, h, work, rest),
+            false => intra_per_head::<S>(args, layout, scratch, c, chunk, h, work, rest),
         }
     }
-    if args.per_channel {
-        return unsafe { intra_per_channel::<S>(args, layout, scratch, c, chunk, h) };
-    }
-    // k^T [K x C], so k k^T and q k^T are plain GEMMs.
-    let mut kt = vec![0f32; kd * C];
+}
+
+/// Pass 1 with one decay per v-head: `e^(G_i - G_j)` factors out of `k k^T` and `q k^T`, shared
+/// by the v-heads of the group; `kt` is room for `k^T [K][C]`.
+///
+/// # Safety
+/// As for [`intra`]; `work` holds the chunk's normalised q and k.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn intra_per_head<S: Simd>(
+    args: &DeltaRule,
+    layout: &Layout,
+    scratch: *mut f32,
+    c: usize,
+    chunk: Chunk,
+    h: usize,
+    work: Work,
+    kt: &mut [f32],
+) {
+    let (kd, m) = (args.k_dim, chunk.len);
+    let kp = padded_k(kd);
+    let Work {
+        q,
+        k,
+        kk,
+        qk,
+        tinv,
+        x,
+        y,
+    } = work;
     for i in 0..m {
         for r in 0..kd {
-            kt[r * C + i] = unsafe { *kn.add(i * kd + r) };
+            kt[r * C + i] = k[i * kp + r];
         }
     }
     // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
     // the band's end (about 60% of the full products).
-    let mut kk = vec![0f32; C * C];
-    let mut qk = vec![0f32; C * C];
     const BAND: usize = 16;
     let mut r0 = 0;
     while r0 < m {
         let rows = BAND.min(m - r0);
         let cols = m.min(r0 + BAND);
-        for (src, dst) in [(kn, &mut kk), (qn, &mut qk)] {
+        for (src, dst) in [(&*k, &mut *kk), (&*q, &mut *qk)] {
             let a = MatA {
-                ptr: src.wrapping_add(r0 * kd),
-                row_stride: kd,
+                ptr: src[r0 * kp..].as_ptr(),
+                row_stride: kp,
                 col_stride: 1,
             };
             unsafe {
@@ -188,7 +289,7 @@ pub unsafe fn intra<S: Simd>(
                     a,
                     kt.as_ptr(),
                     C,
-                    dst.as_mut_ptr().add(r0 * C),
+                    dst[r0 * C..].as_mut_ptr(),
                     C,
                     false,
                     false,
@@ -197,20 +298,17 @@ pub unsafe fn intra<S: Simd>(
         }
         r0 += rows;
     }
-    let group = args.v_heads / args.heads;
     let mut decay_row = [0f32; C];
     let mut diff = [0f32; C];
-    let mut tinv = vec![0f32; C * C];
     let mut a_row = [0f32; C];
-    let mut x = vec![0f32; C * kd];
-    let mut y = vec![0f32; C * vd];
+    let mut gcum = [0f32; C];
     let mut beta = [0f32; C];
     let mut eg = [0f32; C];
-    for j in 0..group {
+    let mut etail = [0f32; C];
+    for j in 0..layout.group {
         let hv = args.v_head(h, j);
         let hs = layout.head(scratch, c, h, j);
         // Cumulative log-decay.
-        let gcum = unsafe { std::slice::from_raw_parts_mut(hs.g, m) };
         let mut run = 0f32;
         for i in 0..m {
             let (g, b) = unsafe { args.gate(chunk.start + i, hv) };
@@ -218,9 +316,14 @@ pub unsafe fn intra<S: Simd>(
             gcum[i] = run;
             beta[i] = b;
         }
-        unsafe { exp_into::<S>(gcum, &mut eg[..m]) };
+        let glast = gcum[m - 1];
+        unsafe { exp_into::<S>(&gcum[..m], &mut eg[..m]) };
+        for i in 0..m {
+            diff[i] = glast - gcum[i];
+        }
+        unsafe { exp_into::<S>(&diff[..m], &mut etail[..m]) };
         let p = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
-        tinv.iter_mut().for_each(|t| *t = 0.0);
+        tinv.fill(0.0);
         for i in 0..m {
             for j in 0..=i {
                 diff[j] = gcum[i] - gcum[j];
@@ -239,13 +342,16 @@ pub unsafe fn intra<S: Simd>(
             }
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
-        for i in 0..m {
-            let f = -beta[i] * eg[i];
-            for r in 0..kd {
-                x[i * kd + r] = unsafe { *kn.add(i * kd + r) } * f;
+        unsafe {
+            for i in 0..m {
+                let (qi, ki) = (q[i * kp..].as_ptr(), k[i * kp..].as_ptr());
+                scale_into::<S>(ki, -beta[i] * eg[i], x[i * kp..].as_mut_ptr(), kp);
+                scale_into::<S>(qi, eg[i], hs.qg.add(i * kp), kp);
+                scale_into::<S>(ki, etail[i], hs.kdec.add(i * kp), kp);
             }
+            std::slice::from_raw_parts_mut(hs.elast, kp).fill(glast.exp());
+            store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), y, &beta[..m]);
         }
-        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, (&x, kd), &mut y, &beta[..m]) };
     }
 }
 
@@ -271,7 +377,7 @@ unsafe fn store_wu<S: Simd>(
         args.prefetch_v(chunk.start + i + PREFETCH_TOKENS, hv, false);
         let row = &mut y[i * vd..(i + 1) * vd];
         unsafe {
-            load_row(
+            load_row_simd::<S>(
                 args.v.at(&[chunk.start + i, hv]),
                 args.v.dtype,
                 args.v.strides[2],
@@ -310,6 +416,22 @@ unsafe fn mul_rows<S: Simd>(x: *const f32, y: *const f32, f: f32, dst: *mut f32,
         while r < n {
             let xy = S::mul(S::load_f32(x.add(r)), S::load_f32(y.add(r)));
             S::store_f32(dst.add(r), S::mul(xy, f));
+            r += S::LANES;
+        }
+    }
+}
+
+/// `dst = src * f` over `n` floats (`n` a multiple of `S::LANES`).
+///
+/// # Safety
+/// Each pointer addresses `n` floats.
+#[inline(always)]
+unsafe fn scale_into<S: Simd>(src: *const f32, f: f32, dst: *mut f32, n: usize) {
+    let mut r = 0;
+    unsafe {
+        let f = S::splat(f);
+        while r < n {
+            S::store_f32(dst.add(r), S::mul(S::load_f32(src.add(r)), f));
             r += S::LANES;
         }
     }
@@ -385,12 +507,47 @@ unsafe fn diagonal_pair<S: Simd>(
     }
 }
 
+/// The per-channel form's extra rows, carved from the task buffer after [`Work`]: per token
+/// `a = e^g` (`1` in the padding lanes), the running products `e^G` from the chunk start and
+/// `rowf = e^(G_i - G_(n-1))` from the sub-chunk start, the column factors of the sub-chunk GEMM,
+/// one running row, the transposed `[k | q] * rowf` of a sub-chunk (`Kp x 2*SUB`) and its
+/// products with the columns.
+struct PerChannel<'a> {
+    a: &'a mut [f32],
+    eg: &'a mut [f32],
+    rowf: &'a mut [f32],
+    cols: &'a mut [f32],
+    run: &'a mut [f32],
+    bt: &'a mut [f32],
+    kq: &'a mut [f32],
+}
+
+impl<'a> PerChannel<'a> {
+    fn floats(kp: usize) -> usize {
+        4 * C * kp + kp + kp * 2 * SUB + C * 2 * SUB
+    }
+
+    fn carve(mut rest: &'a mut [f32], kp: usize) -> PerChannel<'a> {
+        PerChannel {
+            a: carve(&mut rest, C * kp),
+            eg: carve(&mut rest, C * kp),
+            rowf: carve(&mut rest, C * kp),
+            cols: carve(&mut rest, C * kp),
+            run: carve(&mut rest, kp),
+            bt: carve(&mut rest, kp * 2 * SUB),
+            kq: carve(&mut rest, C * 2 * SUB),
+        }
+    }
+}
+
 /// Pass 1 with per-channel decays, for every v-head of q/k head `h` (see the module doc). Rows
 /// of the per-channel work are padded to `kp` (a multiple of 16) with `q = k = 0`, `a = 1`.
 ///
 /// # Safety
-/// As for [`intra`]; the normalised q and k of the chunk are in the scratch.
+/// As for [`intra`]; `work` holds the chunk's normalised q and k, `rest` at least
+/// [`PerChannel::floats`].
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn intra_per_channel<S: Simd>(
     args: &DeltaRule,
     layout: &Layout,
@@ -398,46 +555,41 @@ unsafe fn intra_per_channel<S: Simd>(
     c: usize,
     chunk: Chunk,
     h: usize,
+    work: Work,
+    rest: &mut [f32],
 ) {
-    let (kd, vd, m) = (args.k_dim, args.v_dim, chunk.len);
+    let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
-    let qn = layout.qk(scratch, c, h);
-    let kn = qn.wrapping_add(C * kd);
-    let padded = |src: *const f32| {
-        let mut rows = vec![0f32; C * kp];
-        for i in 0..m {
-            let row = unsafe { std::slice::from_raw_parts(src.add(i * kd), kd) };
-            rows[i * kp..i * kp + kd].copy_from_slice(row);
-        }
-        rows
-    };
-    let (qp, kpd) = (padded(qn), padded(kn));
-    // Per token: a = e^g, the running products e^G (from the chunk start), e^(G_i - G_(n-1))
-    // (from the sub-chunk start), and scratch rows for the column factors.
-    let mut a = vec![1f32; C * kp];
-    let mut eg = vec![0f32; C * kp];
-    let mut rowf = vec![0f32; C * kp];
-    let mut cols = vec![0f32; C * kp];
-    let mut run = vec![0f32; kp];
-    // Transposed `[k | q] * rowf` of one sub-chunk (`kp x 2*SUB`) and its products with `cols`.
-    let mut bt = vec![0f32; kp * 2 * SUB];
-    let mut kq = vec![0f32; C * 2 * SUB];
-    let mut kk = vec![0f32; C * C];
-    let mut qk = vec![0f32; C * C];
-    let mut tinv = vec![0f32; C * C];
+    let Work {
+        q: qp,
+        k: kpd,
+        kk,
+        qk,
+        tinv,
+        x,
+        y,
+    } = work;
+    let PerChannel {
+        a,
+        eg,
+        rowf,
+        cols,
+        run,
+        bt,
+        kq,
+    } = PerChannel::carve(rest, kp);
+    a.fill(1.0);
     let mut a_row = [0f32; C];
-    let mut x = vec![0f32; C * kp];
-    let mut y = vec![0f32; C * vd];
     let mut beta = [0f32; C];
-    let mut g_row = vec![0f32; kd];
     for j in 0..layout.group {
         let hv = args.v_head(h, j);
         let hs = layout.head(scratch, c, h, j);
         unsafe {
             for i in 0..m {
                 beta[i] = args.gate(chunk.start + i, hv).1;
-                args.log_decays(chunk.start + i, hv, &mut g_row);
-                exp_into::<S>(&g_row, &mut a[i * kp..i * kp + kd]);
+                let row = &mut a[i * kp..i * kp + kd];
+                args.log_decays(chunk.start + i, hv, row);
+                exp_in_place::<S>(row);
             }
             let (ap, egp) = (a.as_ptr(), eg.as_mut_ptr());
             // e^G_i = a_0 ... a_i; q e^G and -beta k e^G, and e^(G_last).
@@ -445,15 +597,14 @@ unsafe fn intra_per_channel<S: Simd>(
             for i in 1..m {
                 product_rows::<S>(egp.add((i - 1) * kp), ap.add(i * kp), egp.add(i * kp), kp);
             }
-            let (qg, kdec, elast) = (hs.g, hs.g.add(C * kp), hs.g.add(2 * C * kp));
             for i in 0..m {
                 let (q, k, e) = (qp.as_ptr(), kpd.as_ptr(), egp.add(i * kp));
-                mul_rows::<S>(q.add(i * kp), e, 1.0, qg.add(i * kp), kp);
+                mul_rows::<S>(q.add(i * kp), e, 1.0, hs.qg.add(i * kp), kp);
                 mul_rows::<S>(k.add(i * kp), e, -beta[i], x.as_mut_ptr().add(i * kp), kp);
             }
-            std::ptr::copy_nonoverlapping(egp.add((m - 1) * kp), elast, kp);
+            std::ptr::copy_nonoverlapping(egp.add((m - 1) * kp), hs.elast, kp);
             // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
-            run.iter_mut().for_each(|x| *x = 1.0);
+            run.fill(1.0);
             for i in (0..m).rev() {
                 if i + 1 < m {
                     product_rows::<S>(run.as_ptr(), ap.add((i + 1) * kp), run.as_mut_ptr(), kp);
@@ -462,7 +613,7 @@ unsafe fn intra_per_channel<S: Simd>(
                     kpd.as_ptr().add(i * kp),
                     run.as_ptr(),
                     1.0,
-                    kdec.add(i * kp),
+                    hs.kdec.add(i * kp),
                     kp,
                 );
             }
@@ -477,7 +628,7 @@ unsafe fn intra_per_channel<S: Simd>(
                 }
                 if n > 0 {
                     // Columns j < n: k_j a_(j+1) ... a_(n-1); rows: [k_i | q_i] rowf_i.
-                    run.iter_mut().for_each(|x| *x = 1.0);
+                    run.fill(1.0);
                     for jj in (0..n).rev() {
                         if jj + 1 < n {
                             product_rows::<S>(
@@ -535,7 +686,7 @@ unsafe fn intra_per_channel<S: Simd>(
                 }
                 // The diagonal block, pair by pair: e = a_(j+1) ... a_i, kk = k_i . (k_j e).
                 for jj in n..n + rs {
-                    run.iter_mut().for_each(|x| *x = 1.0);
+                    run.fill(1.0);
                     let kj = kpd.as_ptr().add(jj * kp);
                     for i in jj..n + rs {
                         let rows = [kpd.as_ptr().add(i * kp), qp.as_ptr().add(i * kp)];
@@ -551,7 +702,7 @@ unsafe fn intra_per_channel<S: Simd>(
         }
         // P = q k^T o decay (lower incl. diagonal); T row by row from A = beta_i (k k^T o decay).
         let p = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
-        tinv.iter_mut().for_each(|t| *t = 0.0);
+        tinv.fill(0.0);
         for i in 0..m {
             p[i * C..i * C + i + 1].copy_from_slice(&qk[i * C..i * C + i + 1]);
             p[i * C + i + 1..i * C + m]
@@ -562,7 +713,7 @@ unsafe fn intra_per_channel<S: Simd>(
             }
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
-        unsafe { store_wu::<S>(args, chunk, hv, &hs, &tinv, (&x, kp), &mut y, &beta[..m]) };
+        unsafe { store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), y, &beta[..m]) };
     }
 }
 
@@ -583,170 +734,212 @@ pub unsafe fn inter<S: Simd>(
 ) {
     let (kd, vd) = (args.k_dim, args.v_dim);
     let (h, j) = (args.qk_head(hv), args.member(hv));
-    let mut s = vec![0f32; kd * vd];
-    let st = args.state.as_ref();
+    let mut buf = TaskBuffer::take(kd * vd + C * vd);
+    let (s, o) = buf.split_at_mut(kd * vd);
+    unsafe {
+        load_state::<S>(args, seq, hv, s);
+        for (ci, &chunk) in chunks.iter().enumerate() {
+            let hs = layout.head(scratch, first + ci, h, j);
+            if let Some(next) = chunks.get(ci + 1) {
+                // The next chunk's scratch is in L3 or memory: ask for it into L2 now.
+                layout
+                    .head(scratch, first + ci + 1, h, j)
+                    .prefetch(args, next.len);
+            }
+            inter_chunk::<S>(args, &hs, s, o, chunk, hv);
+        }
+        store_state::<S>(args, seq, hv, s);
+    }
+}
+
+/// The chunked form in one task per (sequence, q/k head) when there are enough of them for the
+/// threads: each chunk's pass 1, then its pass 2 for every v-head of the group, while the chunk's
+/// scratch is still in cache (the same arithmetic as the two passes, so the same bits).
+///
+/// # Safety
+/// This task alone reads and writes the sequence's output rows and state slots of the v-heads of
+/// q/k head `h`; `chunks` are the sequence's.
+#[inline(always)]
+pub unsafe fn fused<S: Simd>(args: &DeltaRule, seq: &Sequence, chunks: &[Chunk], h: usize) {
+    let (kd, vd) = (args.k_dim, args.v_dim);
+    let group = args.v_heads / args.heads;
+    let layout = Layout {
+        first_head: h,
+        heads: 1,
+        group,
+        k_dim: kd,
+        v_dim: vd,
+    };
+    let states = group * kd * vd;
+    let mut buf = TaskBuffer::take(states + C * vd + layout.chunk_size() + intra_floats(args));
+    let mut rest = &mut buf[..];
+    let (states, o) = (carve(&mut rest, states), carve(&mut rest, C * vd));
+    let scratch = carve(&mut rest, layout.chunk_size()).as_mut_ptr();
+    unsafe {
+        for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
+            load_state::<S>(args, seq, args.v_head(h, j), s);
+        }
+        for &chunk in chunks {
+            intra::<S>(args, &layout, scratch, 0, chunk, h, rest);
+            for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
+                let hs = layout.head(scratch, 0, h, j);
+                inter_chunk::<S>(args, &hs, s, o, chunk, args.v_head(h, j));
+            }
+        }
+        for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
+            store_state::<S>(args, seq, args.v_head(h, j), s);
+        }
+    }
+}
+
+/// The state `[K][V]` of v-head `hv` the sequence starts from (zero without a slot to read).
+///
+/// # Safety
+/// `s` holds `K * V` zeros; the slot is in bounds.
+#[inline(always)]
+unsafe fn load_state<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize, s: &mut [f32]) {
     if let Some(slot) = seq.read {
-        let st = st.expect("state slot without a state tensor");
-        for r in 0..kd {
-            unsafe {
-                load_row(
-                    st.at(&[slot, hv, r]),
-                    st.dtype,
-                    st.strides[3],
-                    &mut s[r * vd..(r + 1) * vd],
-                )
-            };
+        let st = args
+            .state
+            .as_ref()
+            .expect("state slot without a state tensor");
+        for (r, row) in s.chunks_exact_mut(args.v_dim).enumerate() {
+            unsafe { load_row_simd::<S>(st.at(&[slot, hv, r]), st.dtype, st.strides[3], row) };
         }
     }
-    let mut qg = vec![0f32; C * kd];
-    let mut kdec = vec![0f32; C * kd];
-    let mut o = vec![0f32; C * vd];
-    let mut eg = [0f32; C];
-    let mut etail = [0f32; C];
-    let mut tmp = [0f32; C];
-    let out = &args.out;
-    for (ci, chunk) in chunks.iter().enumerate() {
-        let c = first + ci;
-        let m = chunk.len;
-        let hs = layout.head(scratch, c, h, j);
-        let qn = layout.qk(scratch, c, h);
-        let kn = qn.wrapping_add(C * kd);
-        if ci + 1 < chunks.len() {
-            // The next chunk's scratch is in L3 or memory: ask for it into L2 while this one runs.
-            let next = layout.head(scratch, c + 1, h, j);
-            let m1 = chunks[ci + 1].len;
-            prefetch_l2(next.w.cast(), m1 * kd * 4);
-            prefetch_l2(next.u.cast(), m1 * vd * 4);
-            prefetch_l2(next.p.cast(), m1 * C * 4);
-            // What this pass reads of q and k: pass 1's decayed rows per channel, else q and k.
-            match args.per_channel {
-                true => prefetch_l2(next.g.cast(), 2 * C * padded_k(kd) * 4),
-                false => prefetch_l2(layout.qk(scratch, c + 1, h).cast(), 2 * C * kd * 4),
-            }
-        }
-        // q e^G and k e^(G_last - G): stored by pass 1 with per-channel decays.
-        let kp = padded_k(kd);
-        let (qg_ptr, kdec_ptr, ldq) = if args.per_channel {
-            let qg = hs.g.cast_const();
-            (qg, qg.wrapping_add(C * kp), kp)
-        } else {
-            let gcum = unsafe { std::slice::from_raw_parts(hs.g, m) };
-            let glast = gcum[m - 1];
-            unsafe { exp_into::<S>(gcum, &mut eg[..m]) };
-            for i in 0..m {
-                tmp[i] = glast - gcum[i];
-            }
-            unsafe { exp_into::<S>(&tmp[..m], &mut etail[..m]) };
-            for i in 0..m {
-                for r in 0..kd {
-                    unsafe {
-                        qg[i * kd + r] = *qn.add(i * kd + r) * eg[i];
-                        kdec[i * kd + r] = *kn.add(i * kd + r) * etail[i];
-                    }
-                }
-            }
-            (qg.as_ptr(), kdec.as_ptr(), kd)
-        };
-        unsafe {
-            // v' = u + (-w) S, in place over u.
-            gemm::<S>(
-                m,
-                vd,
-                kd,
-                MatA {
-                    ptr: hs.w,
-                    row_stride: kd,
-                    col_stride: 1,
-                },
-                s.as_ptr(),
-                vd,
-                hs.u,
-                vd,
-                true,
-                false,
-            );
-            // o = (q e^G) S + P v'.
-            gemm::<S>(
-                m,
-                vd,
-                kd,
-                MatA {
-                    ptr: qg_ptr,
-                    row_stride: ldq,
-                    col_stride: 1,
-                },
-                s.as_ptr(),
-                vd,
-                o.as_mut_ptr(),
-                vd,
-                false,
-                false,
-            );
-            gemm::<S>(
-                m,
-                vd,
-                m,
-                MatA {
-                    ptr: hs.p,
-                    row_stride: C,
-                    col_stride: 1,
-                },
-                hs.u,
-                vd,
-                o.as_mut_ptr(),
-                vd,
-                true,
-                true,
-            );
-            for i in 0..m {
-                store_row(
-                    out.at(&[chunk.start + i, hv]),
-                    out.dtype,
-                    out.strides[2],
-                    &o[i * vd..(i + 1) * vd],
-                );
-            }
-        }
-        // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay per channel.
-        if args.per_channel {
-            let elast = unsafe { std::slice::from_raw_parts(hs.g.add(2 * C * kp), kd) };
-            for (row, &d) in s.chunks_exact_mut(vd).zip(elast) {
-                unsafe { scale::<S>(row, d) };
-            }
-        } else {
-            unsafe { scale::<S>(&mut s, (*hs.g.add(m - 1)).exp()) };
-        }
-        unsafe {
-            gemm::<S>(
-                kd,
-                vd,
-                m,
-                MatA {
-                    ptr: kdec_ptr,
-                    row_stride: 1,
-                    col_stride: ldq,
-                },
-                hs.u,
-                vd,
-                s.as_mut_ptr(),
-                vd,
-                true,
-                false,
-            );
-        }
-    }
+}
+
+/// Stores the sequence's final state of v-head `hv`, if it has a slot to write.
+///
+/// # Safety
+/// The slot is in bounds and this task's alone.
+#[inline(always)]
+unsafe fn store_state<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize, s: &[f32]) {
     if let StateWrite::Final(slot) = seq.write {
-        let st = st.expect("state slot without a state tensor");
-        for r in 0..kd {
-            unsafe {
-                store_row(
-                    st.at(&[slot, hv, r]),
-                    st.dtype,
-                    st.strides[3],
-                    &s[r * vd..(r + 1) * vd],
-                )
-            };
+        let st = args
+            .state
+            .as_ref()
+            .expect("state slot without a state tensor");
+        for (r, row) in s.chunks_exact(args.v_dim).enumerate() {
+            unsafe { store_row_simd::<S>(st.at(&[slot, hv, r]), st.dtype, st.strides[3], row) };
         }
+    }
+}
+
+impl HeadScratch {
+    /// Asks for what [`inter_chunk`] reads of a chunk of `m` tokens into L2.
+    fn prefetch(&self, args: &DeltaRule, m: usize) {
+        let (kd, vd, kp) = (args.k_dim, args.v_dim, padded_k(args.k_dim));
+        prefetch_l2(self.w.cast(), m * kd * 4);
+        prefetch_l2(self.u.cast(), m * vd * 4);
+        prefetch_l2(self.p.cast(), m * C * 4);
+        prefetch_l2(self.qg.cast(), m * kp * 4);
+        prefetch_l2(self.kdec.cast(), m * kp * 4);
+    }
+}
+
+/// Pass 2 of one chunk for v-head `hv`: its output rows from the state `s` (`[K][V]`) and the
+/// chunk's scratch `hs`, then the state carried past the chunk; `o` is `[C][V]` room.
+///
+/// # Safety
+/// Pass 1 has filled `hs`; this task alone writes the chunk's output rows of `hv`.
+#[inline(always)]
+unsafe fn inter_chunk<S: Simd>(
+    args: &DeltaRule,
+    hs: &HeadScratch,
+    s: &mut [f32],
+    o: &mut [f32],
+    chunk: Chunk,
+    hv: usize,
+) {
+    let (kd, vd, kp, m) = (args.k_dim, args.v_dim, padded_k(args.k_dim), chunk.len);
+    let out = &args.out;
+    if out.strides[2] == 1 {
+        // The chunk's output rows, a page apart, are stored after two GEMMs.
+        for i in 0..m {
+            prefetch_l2(out.at(&[chunk.start + i, hv]), vd * out.dtype.size());
+        }
+    }
+    unsafe {
+        // v' = u + (-w) S, in place over u.
+        gemm::<S>(
+            m,
+            vd,
+            kd,
+            MatA {
+                ptr: hs.w,
+                row_stride: kd,
+                col_stride: 1,
+            },
+            s.as_ptr(),
+            vd,
+            hs.u,
+            vd,
+            true,
+            false,
+        );
+        // o = (q e^G) S + P v'.
+        gemm::<S>(
+            m,
+            vd,
+            kd,
+            MatA {
+                ptr: hs.qg,
+                row_stride: kp,
+                col_stride: 1,
+            },
+            s.as_ptr(),
+            vd,
+            o.as_mut_ptr(),
+            vd,
+            false,
+            false,
+        );
+        gemm::<S>(
+            m,
+            vd,
+            m,
+            MatA {
+                ptr: hs.p,
+                row_stride: C,
+                col_stride: 1,
+            },
+            hs.u,
+            vd,
+            o.as_mut_ptr(),
+            vd,
+            true,
+            true,
+        );
+        for (i, row) in o.chunks_exact(vd).take(m).enumerate() {
+            store_row_simd::<S>(
+                out.at(&[chunk.start + i, hv]),
+                out.dtype,
+                out.strides[2],
+                row,
+            );
+        }
+        // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay.
+        let elast = std::slice::from_raw_parts(hs.elast, kd);
+        for (row, &d) in s.chunks_exact_mut(vd).zip(elast) {
+            scale::<S>(row, d);
+        }
+        gemm::<S>(
+            kd,
+            vd,
+            m,
+            MatA {
+                ptr: hs.kdec,
+                row_stride: 1,
+                col_stride: kp,
+            },
+            hs.u,
+            vd,
+            s.as_mut_ptr(),
+            vd,
+            true,
+            false,
+        );
     }
 }
 

@@ -28,6 +28,7 @@ mod x86;
 
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::kernels::simd::{Simd, load_row_simd};
 pub use crate::kernels::strided::Strided;
 pub(crate) use crate::kernels::strided::{
     load_row, prefetch, prefetch_l2, read_f32, store_row, write_f32,
@@ -107,7 +108,7 @@ impl DeltaRule {
     /// # Safety
     /// `token < T`, `h < H`, `q_row.len() == k_row.len() == K`.
     #[inline(always)]
-    pub(crate) unsafe fn load_qk(
+    pub(crate) unsafe fn load_qk<S: Simd>(
         &self,
         token: usize,
         h: usize,
@@ -116,13 +117,13 @@ impl DeltaRule {
     ) {
         self.prefetch_qk(token + PREFETCH_TOKENS, h);
         unsafe {
-            load_row(
+            load_row_simd::<S>(
                 self.q.at(&[token, h]),
                 self.q.dtype,
                 self.q.strides[2],
                 q_row,
             );
-            load_row(
+            load_row_simd::<S>(
                 self.k.at(&[token, h]),
                 self.k.dtype,
                 self.k.strides[2],
@@ -146,6 +147,25 @@ impl DeltaRule {
         if token < self.tokens && self.q.strides[2] == 1 && self.k.strides[2] == 1 {
             prefetch(self.q.at(&[token, h]), self.k_dim * self.q.dtype.size());
             prefetch(self.k.at(&[token, h]), self.k_dim * self.k.dtype.size());
+        }
+    }
+
+    /// Prefetches into L2 what pass 1 of the chunked form reads of `token` for q/k head `h` and
+    /// its v-heads `v_heads`: the q, k and v rows, g and beta.
+    #[inline(always)]
+    pub(crate) fn prefetch_token_l2(
+        &self,
+        token: usize,
+        h: usize,
+        v_heads: impl Iterator<Item = usize>,
+    ) {
+        prefetch_l2(self.q.at(&[token, h]), self.k_dim * self.q.dtype.size());
+        prefetch_l2(self.k.at(&[token, h]), self.k_dim * self.k.dtype.size());
+        let g_row = if self.per_channel { self.k_dim * 4 } else { 4 };
+        for hv in v_heads {
+            prefetch_l2(self.v.at(&[token, hv]), self.v_dim * self.v.dtype.size());
+            prefetch_l2(self.g.at(&[token, hv]), g_row);
+            prefetch_l2(self.beta.at(&[token, hv]), 4);
         }
     }
 

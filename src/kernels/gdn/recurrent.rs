@@ -47,7 +47,7 @@ unsafe fn load_tokens<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize) -> T
         let tok = seq.start + i;
         args.prefetch_v(tok + super::PREFETCH_TOKENS, hv, false);
         unsafe {
-            args.load_qk(
+            args.load_qk::<S>(
                 tok,
                 h,
                 &mut t.q[i * kd..(i + 1) * kd],

@@ -14,6 +14,7 @@ use crate::runtime::{Context, Isa};
 type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
 type IntraFn = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize);
 type InterFn = unsafe fn(&DeltaRule, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize);
+type FusedFn = unsafe fn(&DeltaRule, &Sequence, &[Chunk], usize);
 /// One row of `ssmk_kda_gating` (see [`super::gating::kda_gate_row`]).
 pub type KdaGateRowFn = unsafe fn(&KdaGating, &[f32], &[f32], usize, &mut [f32]);
 
@@ -22,6 +23,7 @@ struct Kernels {
     recurrent: RecurrentFn,
     intra: IntraFn,
     inter: InterFn,
+    fused: FusedFn,
     kda_gate_row: KdaGateRowFn,
 }
 
@@ -42,7 +44,7 @@ macro_rules! entry_points {
 
             #[target_feature(enable = $features)]
             unsafe fn intra(args: &DeltaRule, layout: &Layout, scratch: *mut f32, c: usize, chunk: Chunk, h: usize) {
-                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, h) }
+                unsafe { chunked::intra_task::<$simd>(args, layout, scratch, c, chunk, h) }
             }
 
             #[target_feature(enable = $features)]
@@ -59,6 +61,11 @@ macro_rules! entry_points {
             }
 
             #[target_feature(enable = $features)]
+            unsafe fn fused(args: &DeltaRule, seq: &Sequence, chunks: &[Chunk], h: usize) {
+                unsafe { chunked::fused::<$simd>(args, seq, chunks, h) }
+            }
+
+            #[target_feature(enable = $features)]
             unsafe fn kda_gate_row(
                 args: &KdaGating,
                 a_scale: &[f32],
@@ -69,7 +76,7 @@ macro_rules! entry_points {
                 unsafe { gating::kda_gate_row::<$simd>(args, a_scale, bias, n, buf) }
             }
 
-            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter, kda_gate_row };
+            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter, fused, kda_gate_row };
         }
     };
 }
@@ -115,6 +122,12 @@ pub fn kda_gate_row(isa: Isa) -> KdaGateRowFn {
 }
 
 /// # Safety
+/// With at least this many (chunked sequence, q/k head) pairs per thread, each pair is one task
+/// running both passes chunk by chunk (the scratch of one chunk stays in cache); with fewer, the
+/// passes run in waves over all threads.
+const FUSED_TASKS_PER_THREAD: usize = 2;
+
+/// # Safety
 /// As for [`super::gated_delta_rule`]; the CPU supports `isa` (>= AVX2).
 pub unsafe fn gated_delta_rule(
     ctx: &Context,
@@ -133,6 +146,21 @@ pub unsafe fn gated_delta_rule(
         run_simple(ctx, kernels, args, &simple);
         return Ok(());
     }
+    if chunked_seqs.len() * heads >= FUSED_TASKS_PER_THREAD * ctx.threads() {
+        let fused_tasks = chunked_seqs.len() * heads;
+        ctx.for_each(fused_tasks + simple.len() * v_heads, |task| unsafe {
+            // SAFETY: each task owns its sequence's output rows and slots for its v-heads.
+            match task.checked_sub(fused_tasks) {
+                None => {
+                    let (b, first, count) = chunked_seqs[task / heads];
+                    let chunks = &chunks[first..first + count];
+                    (kernels.fused)(args, &args.sequences[b], chunks, task % heads)
+                }
+                Some(simple_task) => run_simple_task(kernels, args, &simple, simple_task),
+            }
+        });
+        return Ok(());
+    }
     // The chunk scratch of all heads at once would be ~56 KiB per token with H=16, HV=32,
     // K=V=128; process the q/k heads in waves just wide enough to keep every thread busy in pass
     // 2, reusing one buffer (kept per calling thread between calls: no page faults per call).
@@ -147,7 +175,6 @@ pub unsafe fn gated_delta_rule(
         group,
         k_dim: args.k_dim,
         v_dim: args.v_dim,
-        per_channel: args.per_channel,
     };
     let floats = chunks
         .len()

@@ -283,6 +283,38 @@ impl SimdElement for f16 {
 #[cfg(target_arch = "x86_64")]
 pub use x86::{Avx2, Avx2Pairs, Avx512};
 
+/// `dst[c * ldd + r] = src[r * lds + c]` for `r < rows`, `c < cols`: 8 x 8 blocks through
+/// registers (a scalar transpose ran one store per element, the bulk of a KDA sub-chunk's
+/// off-diagonal products), the edges element by element.
+///
+/// # Safety
+/// The CPU supports `S` (every `Simd` has AVX2); both matrices are in bounds and disjoint.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn transpose<S: Simd>(
+    src: *const f32,
+    lds: usize,
+    dst: *mut f32,
+    ldd: usize,
+    rows: usize,
+    cols: usize,
+) {
+    let (rows8, cols8) = (rows / 8 * 8, cols / 8 * 8);
+    unsafe {
+        for r in (0..rows8).step_by(8) {
+            for c in (0..cols8).step_by(8) {
+                x86::transpose8x8(src.add(r * lds + c), lds, dst.add(c * ldd + r), ldd);
+            }
+        }
+        for r in 0..rows {
+            let first = if r < rows8 { cols8 } else { 0 };
+            for c in first..cols {
+                *dst.add(c * ldd + r) = *src.add(r * lds + c);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 // Every method below is a thin wrapper over intrinsics whose only precondition is the ISA, which
 // the `Simd` contract already puts on the caller; per-call `unsafe` blocks would add only noise.
@@ -294,6 +326,41 @@ mod x86 {
     /// AVX2 + FMA + F16C, 8 lanes.
     #[derive(Clone, Copy, Debug)]
     pub struct Avx2;
+
+    /// One 8 x 8 block of [`super::transpose`]: pairs of rows interleaved, then pairs of pairs,
+    /// then the 128-bit halves swapped. (No closures: they would not inherit the caller's
+    /// target features, and the intrinsics would become calls.)
+    #[inline(always)]
+    pub(super) unsafe fn transpose8x8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (i, row) in r.iter_mut().enumerate() {
+            *row = _mm256_loadu_ps(src.add(i * lds));
+        }
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4h + j]: columns j and j + 4 of rows 4h..4h+4.
+        let mut u = [_mm256_setzero_ps(); 8];
+        for h in 0..2 {
+            for p in 0..2 {
+                let (a, b) = (t[4 * h + p], t[4 * h + p + 2]);
+                u[4 * h + 2 * p] = _mm256_shuffle_ps::<0x44>(a, b);
+                u[4 * h + 2 * p + 1] = _mm256_shuffle_ps::<0xEE>(a, b);
+            }
+        }
+        for j in 0..4 {
+            _mm256_storeu_ps(
+                dst.add(j * ldd),
+                _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]),
+            );
+            _mm256_storeu_ps(
+                dst.add((j + 4) * ldd),
+                _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]),
+            );
+        }
+    }
 
     /// AVX-512 F/BW/VL/DQ, 16 lanes.
     #[derive(Clone, Copy, Debug)]
@@ -740,6 +807,29 @@ mod tests {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn with_avx2<R>(body: impl FnOnce() -> R) -> R {
         body()
+    }
+
+    /// Every block and edge shape against the element-by-element transpose (one AVX2 code for
+    /// every ISA).
+    #[test]
+    fn transpose_matches_naive() {
+        if Isa::under_test().into_iter().any(|isa| isa >= Isa::Avx2) {
+            for (rows, cols) in [(8, 8), (64, 128), (13, 21), (32, 7), (5, 16), (1, 1)] {
+                let (lds, ldd) = (cols + 3, rows + 5);
+                let src: Vec<f32> = (0..rows * lds).map(|i| i as f32).collect();
+                let mut dst = vec![-1f32; cols * ldd];
+                unsafe {
+                    with_avx2(|| {
+                        transpose::<Avx2>(src.as_ptr(), lds, dst.as_mut_ptr(), ldd, rows, cols)
+                    })
+                };
+                for (i, &d) in dst.iter().enumerate() {
+                    let (c, r) = (i / ldd, i % ldd);
+                    let want = if r < rows { src[r * lds + c] } else { -1.0 };
+                    assert_eq!(d, want, "{rows}x{cols}: dst[{c}][{r}]");
+                }
+            }
+        }
     }
 
     fn check_roundtrips<S: Simd>() {

@@ -29,7 +29,9 @@ use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2
 pub use crate::kernels::chunking::Chunk;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::gemm::{MatA, gemm};
-use crate::kernels::simd::{Simd, exp_in_place, exp_into, load_row_simd, store_row_simd};
+use crate::kernels::simd::{
+    Simd, exp_in_place, exp_into, load_row_simd, store_row_simd, transpose,
+};
 
 const C: usize = CHUNK;
 
@@ -263,11 +265,7 @@ unsafe fn intra_per_head<S: Simd>(
         x,
         y,
     } = work;
-    for i in 0..m {
-        for r in 0..kd {
-            kt[r * C + i] = k[i * kp + r];
-        }
-    }
+    unsafe { transpose::<S>(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
     // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
     // the band's end (about 60% of the full products).
     const BAND: usize = 16;
@@ -510,7 +508,7 @@ unsafe fn diagonal_pair<S: Simd>(
 /// The per-channel form's extra rows, carved from the task buffer after [`Work`]: per token
 /// `a = e^g` (`1` in the padding lanes), the running products `e^G` from the chunk start and
 /// `rowf = e^(G_i - G_(n-1))` from the sub-chunk start, the column factors of the sub-chunk GEMM,
-/// one running row, the transposed `[k | q] * rowf` of a sub-chunk (`Kp x 2*SUB`) and its
+/// one running row, `[k | q] * rowf` of a sub-chunk (`2*SUB x Kp`), its transpose and its
 /// products with the columns.
 struct PerChannel<'a> {
     a: &'a mut [f32],
@@ -518,13 +516,14 @@ struct PerChannel<'a> {
     rowf: &'a mut [f32],
     cols: &'a mut [f32],
     run: &'a mut [f32],
+    kq_rows: &'a mut [f32],
     bt: &'a mut [f32],
     kq: &'a mut [f32],
 }
 
 impl<'a> PerChannel<'a> {
     fn floats(kp: usize) -> usize {
-        4 * C * kp + kp + kp * 2 * SUB + C * 2 * SUB
+        4 * C * kp + kp + 2 * (kp * 2 * SUB) + C * 2 * SUB
     }
 
     fn carve(mut rest: &'a mut [f32], kp: usize) -> PerChannel<'a> {
@@ -534,6 +533,7 @@ impl<'a> PerChannel<'a> {
             rowf: carve(&mut rest, C * kp),
             cols: carve(&mut rest, C * kp),
             run: carve(&mut rest, kp),
+            kq_rows: carve(&mut rest, kp * 2 * SUB),
             bt: carve(&mut rest, kp * 2 * SUB),
             kq: carve(&mut rest, C * 2 * SUB),
         }
@@ -575,6 +575,7 @@ unsafe fn intra_per_channel<S: Simd>(
         rowf,
         cols,
         run,
+        kq_rows,
         bt,
         kq,
     } = PerChannel::carve(rest, kp);
@@ -646,18 +647,16 @@ unsafe fn intra_per_channel<S: Simd>(
                             kp,
                         );
                     }
-                    // Columns of bt past `rs` keep stale (finite) values: their products are
-                    // never read.
-                    let btp = bt.as_mut_ptr();
+                    // Rows of kq_rows past `rs` (so columns of bt) keep stale finite values:
+                    // their products are never read.
                     for cc in 0..rs {
-                        let (i, tmp) = (n + cc, run.as_mut_ptr());
-                        for (src, col) in [(kpd.as_ptr(), cc), (qp.as_ptr(), SUB + cc)] {
-                            mul_rows::<S>(src.add(i * kp), rf.add(i * kp), 1.0, tmp, kp);
-                            for r in 0..kd {
-                                *btp.add(r * 2 * SUB + col) = *tmp.add(r);
-                            }
+                        let i = n + cc;
+                        for (src, row) in [(kpd.as_ptr(), cc), (qp.as_ptr(), SUB + cc)] {
+                            let dst = kq_rows.as_mut_ptr().add(row * kp);
+                            mul_rows::<S>(src.add(i * kp), rf.add(i * kp), 1.0, dst, kp);
                         }
                     }
+                    transpose::<S>(kq_rows.as_ptr(), kp, bt.as_mut_ptr(), 2 * SUB, 2 * SUB, kd);
                     let cols_a = MatA {
                         ptr: cols.as_ptr(),
                         row_stride: kp,
@@ -675,14 +674,10 @@ unsafe fn intra_per_channel<S: Simd>(
                         false,
                         false,
                     );
-                    let (kqp, kkp, qkp) = (kq.as_ptr(), kk.as_mut_ptr(), qk.as_mut_ptr());
-                    for cc in 0..rs {
-                        let i = n + cc;
-                        for jj in 0..n {
-                            *kkp.add(i * C + jj) = *kqp.add(jj * 2 * SUB + cc);
-                            *qkp.add(i * C + jj) = *kqp.add(jj * 2 * SUB + SUB + cc);
-                        }
-                    }
+                    // kk[n + cc][jj] = kq[jj][cc], qk[n + cc][jj] = kq[jj][SUB + cc].
+                    let kqp = kq.as_ptr();
+                    transpose::<S>(kqp, 2 * SUB, kk[n * C..].as_mut_ptr(), C, n, rs);
+                    transpose::<S>(kqp.add(SUB), 2 * SUB, qk[n * C..].as_mut_ptr(), C, n, rs);
                 }
                 // The diagonal block, pair by pair: e = a_(j+1) ... a_i, kk = k_i . (k_j e).
                 for jj in n..n + rs {

@@ -288,10 +288,11 @@ pub use x86::{Avx2, Avx2Pairs, Avx512};
 /// off-diagonal products), the edges element by element.
 ///
 /// # Safety
-/// The CPU supports `S` (every `Simd` has AVX2); both matrices are in bounds and disjoint.
+/// The CPU has AVX2 and the caller is compiled for it (every [`Simd`] kernel is); both matrices
+/// are in bounds and disjoint.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn transpose<S: Simd>(
+pub(crate) unsafe fn transpose(
     src: *const f32,
     lds: usize,
     dst: *mut f32,
@@ -819,9 +820,7 @@ mod tests {
                 let src: Vec<f32> = (0..rows * lds).map(|i| i as f32).collect();
                 let mut dst = vec![-1f32; cols * ldd];
                 unsafe {
-                    with_avx2(|| {
-                        transpose::<Avx2>(src.as_ptr(), lds, dst.as_mut_ptr(), ldd, rows, cols)
-                    })
+                    with_avx2(|| transpose(src.as_ptr(), lds, dst.as_mut_ptr(), ldd, rows, cols))
                 };
                 for (i, &d) in dst.iter().enumerate() {
                     let (c, r) = (i / ldd, i % ldd);

@@ -265,7 +265,7 @@ unsafe fn intra_per_head<S: Simd>(
         x,
         y,
     } = work;
-    unsafe { transpose::<S>(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
+    unsafe { transpose(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
     // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
     // the band's end (about 60% of the full products).
     const BAND: usize = 16;
@@ -656,7 +656,7 @@ unsafe fn intra_per_channel<S: Simd>(
                             mul_rows::<S>(src.add(i * kp), rf.add(i * kp), 1.0, dst, kp);
                         }
                     }
-                    transpose::<S>(kq_rows.as_ptr(), kp, bt.as_mut_ptr(), 2 * SUB, 2 * SUB, kd);
+                    transpose(kq_rows.as_ptr(), kp, bt.as_mut_ptr(), 2 * SUB, 2 * SUB, kd);
                     let cols_a = MatA {
                         ptr: cols.as_ptr(),
                         row_stride: kp,
@@ -676,8 +676,8 @@ unsafe fn intra_per_channel<S: Simd>(
                     );
                     // kk[n + cc][jj] = kq[jj][cc], qk[n + cc][jj] = kq[jj][SUB + cc].
                     let kqp = kq.as_ptr();
-                    transpose::<S>(kqp, 2 * SUB, kk[n * C..].as_mut_ptr(), C, n, rs);
-                    transpose::<S>(kqp.add(SUB), 2 * SUB, qk[n * C..].as_mut_ptr(), C, n, rs);
+                    transpose(kqp, 2 * SUB, kk[n * C..].as_mut_ptr(), C, n, rs);
+                    transpose(kqp.add(SUB), 2 * SUB, qk[n * C..].as_mut_ptr(), C, n, rs);
                 }
                 // The diagonal block, pair by pair: e = a_(j+1) ... a_i, kk = k_i . (k_j e).
                 for jj in n..n + rs {

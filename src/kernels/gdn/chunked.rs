@@ -296,7 +296,6 @@ unsafe fn intra_per_head<S: Simd>(
         }
         r0 += rows;
     }
-    let mut decay_row = [0f32; C];
     let mut diff = [0f32; C];
     let mut a_row = [0f32; C];
     let mut gcum = [0f32; C];
@@ -323,21 +322,8 @@ unsafe fn intra_per_head<S: Simd>(
         let p = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
         tinv.fill(0.0);
         for i in 0..m {
-            for j in 0..=i {
-                diff[j] = gcum[i] - gcum[j];
-            }
-            unsafe { exp_into::<S>(&diff[..=i], &mut decay_row[..=i]) };
-            // P row i (lower incl. diagonal), zeros to the right up to m.
-            for j in 0..=i {
-                p[i * C + j] = qk[i * C + j] * decay_row[j];
-            }
-            p[i * C + i + 1..i * C + m]
-                .iter_mut()
-                .for_each(|x| *x = 0.0);
-            // A[i][l] = beta_i kk[i][l] decay[i][l].
-            for l in 0..i {
-                a_row[l] = beta[i] * kk[i * C + l] * decay_row[l];
-            }
+            let rows = [&qk[i * C..(i + 1) * C], &kk[i * C..(i + 1) * C]];
+            unsafe { decay_rows::<S>(i, &gcum, beta[i], rows, &mut p[i * C..], &mut a_row) };
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
         unsafe {
@@ -349,6 +335,60 @@ unsafe fn intra_per_head<S: Simd>(
             }
             std::slice::from_raw_parts_mut(hs.elast, kp).fill(glast.exp());
             store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), y, &beta[..m]);
+        }
+    }
+}
+
+/// Row `i` of `P = q k^T o D` (lower incl. the diagonal, zero to its right) and of
+/// `A = beta_i (k k^T o D)` (read left of the diagonal only), with `D[i][j] = e^(G_i - G_j)`,
+/// from rows `[qk, kk]`, a vector of columns at a time (the one holding the diagonal through a
+/// buffer, so no column right of it is read: a NaN decay there must not reach row `i`).
+///
+/// # Safety
+/// The CPU supports `S`; `p` and `a` hold `C` floats.
+#[inline(always)]
+unsafe fn decay_rows<S: Simd>(
+    i: usize,
+    gcum: &[f32; C],
+    beta: f32,
+    [qk, kk]: [&[f32]; 2],
+    p: &mut [f32],
+    a: &mut [f32],
+) {
+    debug_assert!(qk.len() == C && kk.len() == C && p.len() >= C && a.len() >= C);
+    let lanes = S::LANES;
+    unsafe {
+        let (gi, beta_v) = (S::splat(gcum[i]), S::splat(beta));
+        for j0 in (0..C).step_by(lanes) {
+            if j0 > i {
+                S::store_f32(p.as_mut_ptr().add(j0), S::zero());
+                continue;
+            }
+            let n = (i + 1 - j0).min(lanes);
+            let mut x = [0f32; 16];
+            let exponents = match n == lanes {
+                true => S::sub(gi, S::load_f32(gcum.as_ptr().add(j0))),
+                false => {
+                    for (l, x) in x.iter_mut().enumerate().take(n) {
+                        *x = gcum[i] - gcum[j0 + l];
+                    }
+                    S::load_f32(x.as_ptr())
+                }
+            };
+            let d = S::exp(exponents);
+            let qk_d = S::mul(S::load_f32(qk.as_ptr().add(j0)), d);
+            let kk_d = S::mul(S::mul(beta_v, S::load_f32(kk.as_ptr().add(j0))), d);
+            if n == lanes {
+                S::store_f32(p.as_mut_ptr().add(j0), qk_d);
+                S::store_f32(a.as_mut_ptr().add(j0), kk_d);
+            } else {
+                let mut buf = [0f32; 16];
+                S::store_f32(buf.as_mut_ptr(), qk_d);
+                buf[n..].fill(0.0);
+                S::store_f32(p.as_mut_ptr().add(j0), S::load_f32(buf.as_ptr()));
+                S::store_f32(buf.as_mut_ptr(), kk_d);
+                a[j0..j0 + n].copy_from_slice(&buf[..n]);
+            }
         }
     }
 }

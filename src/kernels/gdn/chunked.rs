@@ -229,11 +229,37 @@ pub unsafe fn intra<S: Simd>(
             )
         };
     }
+    let task = Pass1 {
+        args,
+        layout,
+        scratch,
+        c,
+        chunk,
+        h,
+    };
     unsafe {
         match args.per_channel {
-            true => intra_per_channel::<S>(args, layout, scratch, c, chunk, h, work, rest),
-            false => intra_per_head::<S>(args, layout, scratch, c, chunk, h, work, rest),
+            true => intra_per_channel::<S>(&task, work, rest),
+            false => intra_per_head::<S>(&task, work, rest),
         }
+    }
+}
+
+/// One pass-1 task: chunk `c` of q/k head `h`, and where its scratch goes.
+#[derive(Clone, Copy)]
+struct Pass1<'a> {
+    args: &'a DeltaRule,
+    layout: &'a Layout,
+    scratch: *mut f32,
+    c: usize,
+    chunk: Chunk,
+    h: usize,
+}
+
+impl Pass1<'_> {
+    /// The scratch of v-head number `j` of the group.
+    fn head(&self, j: usize) -> HeadScratch {
+        self.layout.head(self.scratch, self.c, self.h, j)
     }
 }
 
@@ -243,17 +269,8 @@ pub unsafe fn intra<S: Simd>(
 /// # Safety
 /// As for [`intra`]; `work` holds the chunk's normalised q and k.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn intra_per_head<S: Simd>(
-    args: &DeltaRule,
-    layout: &Layout,
-    scratch: *mut f32,
-    c: usize,
-    chunk: Chunk,
-    h: usize,
-    work: Work,
-    kt: &mut [f32],
-) {
+unsafe fn intra_per_head<S: Simd>(task: &Pass1, work: Work, kt: &mut [f32]) {
+    let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let Work {
@@ -304,7 +321,7 @@ unsafe fn intra_per_head<S: Simd>(
     let mut etail = [0f32; C];
     for j in 0..layout.group {
         let hv = args.v_head(h, j);
-        let hs = layout.head(scratch, c, h, j);
+        let hs = task.head(j);
         // Cumulative log-decay.
         let mut run = 0f32;
         for i in 0..m {
@@ -587,17 +604,8 @@ impl<'a> PerChannel<'a> {
 /// As for [`intra`]; `work` holds the chunk's normalised q and k, `rest` at least
 /// [`PerChannel::floats`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn intra_per_channel<S: Simd>(
-    args: &DeltaRule,
-    layout: &Layout,
-    scratch: *mut f32,
-    c: usize,
-    chunk: Chunk,
-    h: usize,
-    work: Work,
-    rest: &mut [f32],
-) {
+unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32]) {
+    let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let Work {
@@ -624,7 +632,7 @@ unsafe fn intra_per_channel<S: Simd>(
     let mut beta = [0f32; C];
     for j in 0..layout.group {
         let hv = args.v_head(h, j);
-        let hs = layout.head(scratch, c, h, j);
+        let hs = task.head(j);
         unsafe {
             for i in 0..m {
                 beta[i] = args.gate(chunk.start + i, hv).1;

@@ -87,7 +87,7 @@ impl Layout {
     }
 }
 
-struct HeadScratch {
+pub struct HeadScratch {
     w: *mut f32,
     u: *mut f32,
     p: *mut f32,
@@ -168,21 +168,31 @@ pub fn intra_floats(args: &DeltaRule) -> usize {
         }
 }
 
+/// [`intra`] of one ISA.
+pub type IntraStep = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize, &mut [f32]);
+/// [`inter_chunk`] of one ISA.
+pub type InterStep = unsafe fn(&DeltaRule, &HeadScratch, &mut [f32], &mut [f32], Chunk, usize);
+
+/// One ISA's out-of-line copies of the two per-chunk steps, which every schedule calls (inlined
+/// into each schedule, they made the chunked form's code twice as large for no speed).
+pub struct Steps {
+    pub intra: IntraStep,
+    pub inter: InterStep,
+}
+
 /// Pass 1 for chunk `c` and q/k head `h` as a task of its own, in this thread's task buffer.
 ///
 /// # Safety
-/// As for [`intra`].
-#[inline(always)]
-pub unsafe fn intra_task<S: Simd>(
+/// As for [`intra`]; `steps` are for an ISA the CPU supports.
+pub unsafe fn intra_task(
     args: &DeltaRule,
     layout: &Layout,
     scratch: *mut f32,
-    c: usize,
-    chunk: Chunk,
-    h: usize,
+    (c, chunk, h): (usize, Chunk, usize),
+    steps: &Steps,
 ) {
     let mut buf = TaskBuffer::take(intra_floats(args));
-    unsafe { intra::<S>(args, layout, scratch, c, chunk, h, &mut buf) }
+    unsafe { (steps.intra)(args, layout, scratch, c, chunk, h, &mut buf) }
 }
 
 /// Pass 1 for chunk `c` and q/k head `h`: for every v-head of the group, everything pass 2 needs
@@ -766,6 +776,7 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
 /// Pass 1 has filled the scratch of these chunks; this task alone reads and writes their v-head
 /// `hv` blocks, the sequence's output rows for `hv` and its state slot for `hv`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn inter<S: Simd>(
     args: &DeltaRule,
     layout: &Layout,
@@ -774,6 +785,7 @@ pub unsafe fn inter<S: Simd>(
     first: usize,
     chunks: &[Chunk],
     hv: usize,
+    steps: &Steps,
 ) {
     let (kd, vd) = (args.k_dim, args.v_dim);
     let (h, j) = (args.qk_head(hv), args.member(hv));
@@ -789,7 +801,7 @@ pub unsafe fn inter<S: Simd>(
                     .head(scratch, first + ci + 1, h, j)
                     .prefetch(args, next.len);
             }
-            inter_chunk::<S>(args, &hs, s, o, chunk, hv);
+            (steps.inter)(args, &hs, s, o, chunk, hv);
         }
         store_state::<S>(args, seq, hv, s);
     }
@@ -803,7 +815,13 @@ pub unsafe fn inter<S: Simd>(
 /// This task alone reads and writes the sequence's output rows and state slots of the v-heads of
 /// q/k head `h`; `chunks` are the sequence's.
 #[inline(always)]
-pub unsafe fn fused<S: Simd>(args: &DeltaRule, seq: &Sequence, chunks: &[Chunk], h: usize) {
+pub unsafe fn fused<S: Simd>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    chunks: &[Chunk],
+    h: usize,
+    steps: &Steps,
+) {
     let (kd, vd) = (args.k_dim, args.v_dim);
     let group = args.v_heads / args.heads;
     let layout = Layout {
@@ -823,10 +841,10 @@ pub unsafe fn fused<S: Simd>(args: &DeltaRule, seq: &Sequence, chunks: &[Chunk],
             load_state::<S>(args, seq, args.v_head(h, j), s);
         }
         for &chunk in chunks {
-            intra::<S>(args, &layout, scratch, 0, chunk, h, rest);
+            (steps.intra)(args, &layout, scratch, 0, chunk, h, rest);
             for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
                 let hs = layout.head(scratch, 0, h, j);
-                inter_chunk::<S>(args, &hs, s, o, chunk, args.v_head(h, j));
+                (steps.inter)(args, &hs, s, o, chunk, args.v_head(h, j));
             }
         }
         for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
@@ -887,7 +905,7 @@ impl HeadScratch {
 /// # Safety
 /// Pass 1 has filled `hs`; this task alone writes the chunk's output rows of `hv`.
 #[inline(always)]
-unsafe fn inter_chunk<S: Simd>(
+pub unsafe fn inter_chunk<S: Simd>(
     args: &DeltaRule,
     hs: &HeadScratch,
     s: &mut [f32],

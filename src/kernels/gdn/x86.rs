@@ -2,7 +2,7 @@
 //! context's threads with the entry points of one instruction set. The kernel bodies are generic
 //! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
 
-use super::chunked::{self, Chunk, Layout};
+use super::chunked::{self, Chunk, HeadScratch, Layout, Steps};
 use super::gating::{self, KdaGating};
 use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
 use crate::dtype::DType;
@@ -43,8 +43,36 @@ macro_rules! entry_points {
             }
 
             #[target_feature(enable = $features)]
+            #[inline(never)]
+            unsafe fn intra_step(
+                args: &DeltaRule,
+                layout: &Layout,
+                scratch: *mut f32,
+                c: usize,
+                chunk: Chunk,
+                h: usize,
+                buf: &mut [f32],
+            ) {
+                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, h, buf) }
+            }
+
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            unsafe fn inter_step(
+                args: &DeltaRule,
+                hs: &HeadScratch,
+                s: &mut [f32],
+                o: &mut [f32],
+                chunk: Chunk,
+                hv: usize,
+            ) {
+                unsafe { chunked::inter_chunk::<$simd>(args, hs, s, o, chunk, hv) }
+            }
+
+            const STEPS: Steps = Steps { intra: intra_step, inter: inter_step };
+
             unsafe fn intra(args: &DeltaRule, layout: &Layout, scratch: *mut f32, c: usize, chunk: Chunk, h: usize) {
-                unsafe { chunked::intra_task::<$simd>(args, layout, scratch, c, chunk, h) }
+                unsafe { chunked::intra_task(args, layout, scratch, (c, chunk, h), &STEPS) }
             }
 
             #[target_feature(enable = $features)]
@@ -57,12 +85,12 @@ macro_rules! entry_points {
                 chunks: &[Chunk],
                 hv: usize,
             ) {
-                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, hv) }
+                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, hv, &STEPS) }
             }
 
             #[target_feature(enable = $features)]
             unsafe fn fused(args: &DeltaRule, seq: &Sequence, chunks: &[Chunk], h: usize) {
-                unsafe { chunked::fused::<$simd>(args, seq, chunks, h) }
+                unsafe { chunked::fused::<$simd>(args, seq, chunks, h, &STEPS) }
             }
 
             #[target_feature(enable = $features)]

@@ -149,7 +149,6 @@ pub fn kda_gate_row(isa: Isa) -> KdaGateRowFn {
     kernels(isa).kda_gate_row
 }
 
-/// # Safety
 /// With at least this many (chunked sequence, q/k head) pairs per thread, each pair is one task
 /// running both passes chunk by chunk (the scratch of one chunk stays in cache); with fewer, the
 /// passes run in waves over all threads.

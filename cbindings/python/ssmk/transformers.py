@@ -420,23 +420,11 @@ def _make_delta_rule(family, name, original):
                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
 
         fn = chunk_fn
-    elif kda:
-        def recurrent_kda(query, key, value, g, beta, initial_state, output_final_state,
-                          use_qk_l2norm_in_kernel=False, **kwargs):
-            r = _delta_rule(query, key, value, g, beta, initial_state, output_final_state,
-                            use_qk_l2norm_in_kernel, kwargs, kda)
-            if r is not None:
-                _count(family, name, "ssmk")
-                return r
-            _count(family, name, "fallback")
-            return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
-                            output_final_state=output_final_state,
-                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
-
-        fn = recurrent_kda
     else:
-        def recurrent_gdn(query, key, value, g, beta, initial_state=None, output_final_state=False,
-                          use_qk_l2norm_in_kernel=False, **kwargs):
+        # One wrapper for both recurrent forms: KDA's takes initial_state and output_final_state
+        # positionally, GDN's has them default to None / False.
+        def recurrent_fn(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                         use_qk_l2norm_in_kernel=False, **kwargs):
             r = _delta_rule(query, key, value, g, beta, initial_state, output_final_state,
                             use_qk_l2norm_in_kernel, kwargs, kda)
             if r is not None:
@@ -447,7 +435,7 @@ def _make_delta_rule(family, name, original):
                             output_final_state=output_final_state,
                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
 
-        fn = recurrent_gdn
+        fn = recurrent_fn
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"ssmk ``gated_delta_rule`` in place of transformers' ``{name}`` "
                   f"({'per-key-channel (KDA)' if kda else 'per-head (GDN)'} decay).")

@@ -8,7 +8,9 @@ use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating,
 use ssmk::runtime::{Isa, with_isa};
 
 use crate::buffers::Buf;
-use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_slow};
+use crate::harness::{
+    Config, Ctx, Report, Row, Work, ok, time_beside_peak, time_beside_peak_and, time_slow,
+};
 use crate::layers::{self, LayerConv, Seqs, head_view};
 
 const K: usize = 128;
@@ -161,16 +163,21 @@ fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtyp
     let flops = prefill_flops(tokens, heads.hv);
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let t = time(cfg, || call.call(Isa::active(), &ctx));
+        let kernel = || call.call(Isa::active(), &ctx);
         let mut note = String::from("l2norm; ref timed on 64 tokens, scaled");
-        if let Some(gdn) = &per_head {
-            let t_gdn = time(cfg, || gdn.call(Isa::active(), &ctx));
-            note += &format!(
-                "; GDN same heads {:.1} GFLOP/s, KDA/GDN {:.2}",
-                flops / t_gdn / 1e9,
-                t_gdn / t
-            );
-        }
+        let (t, peak) = match &per_head {
+            Some(gdn) => {
+                let (t, peak, t_gdn) =
+                    time_beside_peak_and(cfg, kernel, || gdn.call(Isa::active(), &ctx));
+                note += &format!(
+                    "; GDN same heads {:.1} GFLOP/s, KDA/GDN {:.2}",
+                    flops / t_gdn / 1e9,
+                    t_gdn / t
+                );
+                (t, peak)
+            }
+            None => time_beside_peak(cfg, kernel),
+        };
         let mut r = Row::new(
             op,
             format!("{}x{} {}", lens.len(), lens[0], heads.describe()),
@@ -181,7 +188,6 @@ fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtyp
             note,
         );
         r.vs_reference = Some(reference / t);
-        let peak = report.fma_peak_gflops;
         report.push_against(r, "f32 FMA peak 1t", peak);
     }
 }

@@ -146,8 +146,39 @@ impl Memcpy {
     }
 }
 
-/// Same-run single-thread f32 FMA peak (GFLOP/s) of the widest vector unit ssmk uses.
+/// Same-run single-thread f32 FMA peak (GFLOP/s) of the widest vector unit ssmk uses: the
+/// median of a run of measurements on their own (the run's header).
 pub fn fma_peak_gflops(cfg: &Config) -> f64 {
+    median((0..cfg.samples().0).map(|_| fma_peak_once()).collect())
+}
+
+/// Median seconds per call of `f` (as [`time`]) and the median FMA peak measured between its
+/// samples. On a shared machine the core's throughput drifts (a busy sibling thread, the host's
+/// clocks) by 15% within minutes, the GEMMs of a prefill with it; against a peak taken at the
+/// start of the run, that drift would land in the ratio.
+pub fn time_beside_peak(cfg: &Config, f: impl FnMut()) -> (f64, f64) {
+    time_between(cfg, f, fma_peak_once)
+}
+
+/// [`time_beside_peak`] of `f`, with one call of `peer` timed after each sample too: returns
+/// `f`'s time, the peak and `peer`'s median time, so a ratio of the two drifts with neither.
+pub fn time_beside_peak_and(
+    cfg: &Config,
+    f: impl FnMut(),
+    mut peer: impl FnMut(),
+) -> (f64, f64, f64) {
+    let mut peer_times = Vec::new();
+    let (t, peak) = time_between(cfg, f, || {
+        let start = Instant::now();
+        peer();
+        peer_times.push(start.elapsed().as_secs_f64());
+        fma_peak_once()
+    });
+    (t, peak, median(peer_times))
+}
+
+/// One timing of the FMA loop (a few ms), as GFLOP/s.
+fn fma_peak_once() -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         use ssmk::kernels::simd::{Avx2, Avx512, Simd};
@@ -158,14 +189,12 @@ pub fn fma_peak_gflops(cfg: &Config) -> f64 {
             Isa::Avx2 => (fma_loop_avx2, Avx2::LANES),
             Isa::Scalar => return f64::NAN,
         };
-        let t = time(cfg, || {
-            std::hint::black_box(unsafe { run(std::hint::black_box(ITERS)) });
-        });
-        (ITERS * FMA_CHAINS * lanes * 2) as f64 / t / 1e9
+        let t = Instant::now();
+        std::hint::black_box(unsafe { run(std::hint::black_box(ITERS)) });
+        (ITERS * FMA_CHAINS * lanes * 2) as f64 / t.elapsed().as_secs_f64() / 1e9
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = cfg;
         f64::NAN
     }
 }

@@ -9,7 +9,7 @@ use ssmk::ffi::mamba2::{SSMK_MAMBA2_DT_SOFTPLUS, ssmk_mamba2_scan};
 use ssmk::runtime::{Isa, with_isa};
 
 use crate::buffers::Buf;
-use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_slow};
+use crate::harness::{Config, Ctx, Report, Row, Work, ok, time_beside_peak, time_slow};
 use crate::layers::{self, LayerConv, Seqs, head_view};
 
 const NH: usize = 128;
@@ -121,7 +121,7 @@ fn prefill(cfg: &Config, report: &mut Report, lens: &[usize]) {
     let flops = prefill_flops(tokens);
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let t = time(cfg, || call.call(Isa::active(), &ctx));
+        let (t, peak) = time_beside_peak(cfg, || call.call(Isa::active(), &ctx));
         let mut r = Row::new(
             "mamba2_scan prefill",
             format!("{}x{} {HEADS}", lens.len(), lens[0]),
@@ -132,7 +132,6 @@ fn prefill(cfg: &Config, report: &mut Report, lens: &[usize]) {
             "D, dt_bias, softplus; ref timed on 64 tokens, scaled".into(),
         );
         r.vs_reference = Some(reference / t);
-        let peak = report.fma_peak_gflops;
         report.push_against(r, "f32 FMA peak 1t", peak);
     }
 }

@@ -644,11 +644,14 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
         let hv = args.v_head(h, j);
         let hs = task.head(j);
         unsafe {
+            // All rows first, then their exps: the row loads (a page apart, mostly from memory)
+            // are then independent and overlap, where an exp between them kept a few in flight.
             for i in 0..m {
                 beta[i] = args.gate(chunk.start + i, hv).1;
-                let row = &mut a[i * kp..i * kp + kd];
-                args.log_decays(chunk.start + i, hv, row);
-                exp_in_place::<S>(row);
+                args.log_decays(chunk.start + i, hv, &mut a[i * kp..i * kp + kd]);
+            }
+            for i in 0..m {
+                exp_in_place::<S>(&mut a[i * kp..i * kp + kd]);
             }
             let (ap, egp) = (a.as_ptr(), eg.as_mut_ptr());
             // e^G_i = a_0 ... a_i; q e^G and -beta k e^G, and e^(G_last).

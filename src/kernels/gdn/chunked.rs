@@ -573,13 +573,13 @@ unsafe fn diagonal_pair<S: Simd>(
 }
 
 /// The per-channel form's extra rows, carved from the task buffer after [`Work`]: per token
-/// `a = e^g` (`1` in the padding lanes), the running products `e^G` from the chunk start and
-/// `rowf = e^(G_i - G_(n-1))` from the sub-chunk start, the column factors of the sub-chunk GEMM,
-/// one running row, `[k | q] * rowf` of a sub-chunk (`2*SUB x Kp`), its transpose and its
-/// products with the columns.
+/// `a = e^g` (`1` in the padding lanes), the running products `rowf = e^(G_i - G_(n-1))` of a
+/// sub-chunk (from its start `n`), the column factors of the sub-chunk GEMM (the tokens before
+/// the last sub-chunk), one running row, `[k | q] * rowf` of a sub-chunk (`2*SUB x Kp`), its
+/// transpose and its products with the columns. Only what is live at once has room: every
+/// float more here is one less of the chunk's scratch and state in L2.
 struct PerChannel<'a> {
     a: &'a mut [f32],
-    eg: &'a mut [f32],
     rowf: &'a mut [f32],
     cols: &'a mut [f32],
     run: &'a mut [f32],
@@ -590,15 +590,14 @@ struct PerChannel<'a> {
 
 impl<'a> PerChannel<'a> {
     fn floats(kp: usize) -> usize {
-        4 * C * kp + kp + 2 * (kp * 2 * SUB) + C * 2 * SUB
+        C * kp + SUB * kp + (C - SUB) * kp + kp + 2 * (kp * 2 * SUB) + C * 2 * SUB
     }
 
     fn carve(mut rest: &'a mut [f32], kp: usize) -> PerChannel<'a> {
         PerChannel {
             a: carve(&mut rest, C * kp),
-            eg: carve(&mut rest, C * kp),
-            rowf: carve(&mut rest, C * kp),
-            cols: carve(&mut rest, C * kp),
+            rowf: carve(&mut rest, SUB * kp),
+            cols: carve(&mut rest, (C - SUB) * kp),
             run: carve(&mut rest, kp),
             kq_rows: carve(&mut rest, kp * 2 * SUB),
             bt: carve(&mut rest, kp * 2 * SUB),
@@ -629,7 +628,6 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
     } = work;
     let PerChannel {
         a,
-        eg,
         rowf,
         cols,
         run,
@@ -653,18 +651,18 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
             for i in 0..m {
                 exp_in_place::<S>(&mut a[i * kp..i * kp + kd]);
             }
-            let (ap, egp) = (a.as_ptr(), eg.as_mut_ptr());
-            // e^G_i = a_0 ... a_i; q e^G and -beta k e^G, and e^(G_last).
-            std::ptr::copy_nonoverlapping(ap, egp, kp);
-            for i in 1..m {
-                product_rows::<S>(egp.add((i - 1) * kp), ap.add(i * kp), egp.add(i * kp), kp);
-            }
+            let (ap, e) = (a.as_ptr(), run.as_mut_ptr());
+            // e^G_i = a_0 ... a_i, a running row: q e^G and -beta k e^G, and e^(G_last).
+            std::ptr::copy_nonoverlapping(ap, e, kp);
             for i in 0..m {
-                let (q, k, e) = (qp.as_ptr(), kpd.as_ptr(), egp.add(i * kp));
+                if i > 0 {
+                    product_rows::<S>(e, ap.add(i * kp), e, kp);
+                }
+                let (q, k) = (qp.as_ptr(), kpd.as_ptr());
                 mul_rows::<S>(q.add(i * kp), e, 1.0, hs.qg.add(i * kp), kp);
                 mul_rows::<S>(k.add(i * kp), e, -beta[i], x.as_mut_ptr().add(i * kp), kp);
             }
-            std::ptr::copy_nonoverlapping(egp.add((m - 1) * kp), hs.elast, kp);
+            std::ptr::copy_nonoverlapping(e, hs.elast, kp);
             // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
             run.fill(1.0);
             for i in (0..m).rev() {
@@ -682,11 +680,12 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
             let mut n = 0;
             while n < m {
                 let rs = SUB.min(m - n);
-                // rowf_i = a_n ... a_i over the sub-chunk.
+                // rowf_(n+cc) = a_n ... a_(n+cc) over the sub-chunk, row cc.
                 let rf = rowf.as_mut_ptr();
-                std::ptr::copy_nonoverlapping(ap.add(n * kp), rf.add(n * kp), kp);
-                for i in n + 1..n + rs {
-                    product_rows::<S>(rf.add((i - 1) * kp), ap.add(i * kp), rf.add(i * kp), kp);
+                std::ptr::copy_nonoverlapping(ap.add(n * kp), rf, kp);
+                for cc in 1..rs {
+                    let i = n + cc;
+                    product_rows::<S>(rf.add((cc - 1) * kp), ap.add(i * kp), rf.add(cc * kp), kp);
                 }
                 if n > 0 {
                     // Columns j < n: k_j a_(j+1) ... a_(n-1); rows: [k_i | q_i] rowf_i.
@@ -714,7 +713,7 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
                         let i = n + cc;
                         for (src, row) in [(kpd.as_ptr(), cc), (qp.as_ptr(), SUB + cc)] {
                             let dst = kq_rows.as_mut_ptr().add(row * kp);
-                            mul_rows::<S>(src.add(i * kp), rf.add(i * kp), 1.0, dst, kp);
+                            mul_rows::<S>(src.add(i * kp), rf.add(cc * kp), 1.0, dst, kp);
                         }
                     }
                     transpose(kq_rows.as_ptr(), kp, bt.as_mut_ptr(), 2 * SUB, 2 * SUB, kd);

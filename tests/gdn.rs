@@ -488,7 +488,7 @@ fn every_isa_kda_matches_reference() {
     let heads_orders: [((usize, usize), bool); 3] =
         [((2, 4), false), ((2, 4), true), ((3, 3), false)];
     let mut seed = 1000u64;
-    for dims in [(32, 32), (64, 64), (128, 128), (45, 36)] {
+    for dims in [(32, 32), (64, 64), (128, 128), (45, 36), (20, 80)] {
         for lens in SEQ_LEN_LISTS {
             seed += 1;
             if !common::sampled(seed, 5) {

@@ -139,32 +139,29 @@ fn carve<'a>(rest: &mut &'a mut [f32], n: usize) -> &'a mut [f32] {
     head
 }
 
-/// What a pass-1 task works in, carved from its thread's task buffer: the normalised q and k rows
-/// of the chunk (`[C][Kp]`, zero past K), the two masked products, `T`, and the right-hand sides
-/// `x = -k * beta * e^G` (`[C][Kp]`) and `y = v * beta` (`[C][V]`) of `w` and `u`.
+/// What every pass-1 task works in, carved from its thread's task buffer: the normalised q and k
+/// rows of the chunk (`[C][Kp]`, zero past K), the masked `k k^T` and `T`. Each decay form
+/// carves the rest of its work after these (see [`PerHead`], [`PerChannel`]).
 struct Work<'a> {
     q: &'a mut [f32],
     k: &'a mut [f32],
     kk: &'a mut [f32],
-    qk: &'a mut [f32],
     tinv: &'a mut [f32],
-    x: &'a mut [f32],
-    y: &'a mut [f32],
 }
 
 impl Work<'_> {
-    fn floats(kp: usize, vd: usize) -> usize {
-        3 * C * kp + 3 * C * C + C * vd
+    fn floats(kp: usize) -> usize {
+        2 * C * kp + 2 * C * C
     }
 }
 
 /// Floats of task buffer [`intra`] works in.
 pub fn intra_floats(args: &DeltaRule) -> usize {
-    let kp = padded_k(args.k_dim);
-    Work::floats(kp, args.v_dim)
+    let (kp, vd) = (padded_k(args.k_dim), args.v_dim);
+    Work::floats(kp)
         + match args.per_channel {
-            true => PerChannel::floats(kp),
-            false => args.k_dim * C,
+            true => PerChannel::floats(kp, vd),
+            false => PerHead::floats(args.k_dim, kp, vd),
         }
 }
 
@@ -212,17 +209,14 @@ pub unsafe fn intra<S: Simd>(
     h: usize,
     buf: &mut [f32],
 ) {
-    let (kd, vd, m) = (args.k_dim, args.v_dim, chunk.len);
+    let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let mut rest = buf;
     let work = Work {
         q: carve(&mut rest, C * kp),
         k: carve(&mut rest, C * kp),
         kk: carve(&mut rest, C * C),
-        qk: carve(&mut rest, C * C),
         tinv: carve(&mut rest, C * C),
-        x: carve(&mut rest, C * kp),
-        y: carve(&mut rest, C * vd),
     };
     // The next chunk of this head is this thread's next work on it: ask for its token rows (a
     // page apart, where the hardware prefetchers stop) into L2 now.
@@ -273,25 +267,44 @@ impl Pass1<'_> {
     }
 }
 
+/// The per-head form's work after [`Work`]: the masked `q k^T`, the right-hand sides
+/// `x = -k * beta * e^G` (`[C][Kp]`) and `y = v * beta` (`[C][V]`) of `w` and `u`, and `k^T`
+/// (`[K][C]`).
+struct PerHead<'a> {
+    qk: &'a mut [f32],
+    x: &'a mut [f32],
+    y: &'a mut [f32],
+    kt: &'a mut [f32],
+}
+
+impl<'a> PerHead<'a> {
+    fn floats(kd: usize, kp: usize, vd: usize) -> usize {
+        C * C + C * kp + C * vd + kd * C
+    }
+
+    fn carve(mut rest: &'a mut [f32], kd: usize, kp: usize, vd: usize) -> PerHead<'a> {
+        PerHead {
+            qk: carve(&mut rest, C * C),
+            x: carve(&mut rest, C * kp),
+            y: carve(&mut rest, C * vd),
+            kt: carve(&mut rest, kd * C),
+        }
+    }
+}
+
 /// Pass 1 with one decay per v-head: `e^(G_i - G_j)` factors out of `k k^T` and `q k^T`, shared
-/// by the v-heads of the group; `kt` is room for `k^T [K][C]`.
+/// by the v-heads of the group.
 ///
 /// # Safety
-/// As for [`intra`]; `work` holds the chunk's normalised q and k.
+/// As for [`intra`]; `work` holds the chunk's normalised q and k, `rest` at least
+/// [`PerHead::floats`].
 #[inline(always)]
-unsafe fn intra_per_head<S: Simd>(task: &Pass1, work: Work, kt: &mut [f32]) {
+unsafe fn intra_per_head<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32]) {
     let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
-    let Work {
-        q,
-        k,
-        kk,
-        qk,
-        tinv,
-        x,
-        y,
-    } = work;
+    let Work { q, k, kk, tinv } = work;
+    let PerHead { qk, x, y, kt } = PerHead::carve(rest, kd, kp, args.v_dim);
     unsafe { transpose(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
     // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
     // the band's end (about 60% of the full products).
@@ -572,36 +585,35 @@ unsafe fn diagonal_pair<S: Simd>(
     }
 }
 
-/// The per-channel form's extra rows, carved from the task buffer after [`Work`]: per token
-/// `a = e^g` (`1` in the padding lanes), the running products `rowf = e^(G_i - G_(n-1))` of a
-/// sub-chunk (from its start `n`), the column factors of the sub-chunk GEMM (the tokens before
-/// the last sub-chunk), one running row, `[k | q] * rowf` of a sub-chunk (`2*SUB x Kp`), its
-/// transpose and its products with the columns. Only what is live at once has room: every
-/// float more here is one less of the chunk's scratch and state in L2.
+/// The per-channel form's work after [`Work`]. Per token `a = e^g` (`1` in the padding lanes),
+/// then `y = v * beta` (`[C][V]`, once `a` is spent); the running products
+/// `rowf = e^(G_i - G_(n-1))` of a sub-chunk (from its start `n`, `SUB` rows) and the column
+/// factors of its GEMM (the tokens before the last sub-chunk) side by side, then
+/// `x = -k * beta * e^G` (`[C][Kp]`); one running row; `[k | q] * rowf` of a sub-chunk
+/// (`2*SUB x Kp`), then its products with the columns (`C x 2*SUB`); and its transpose.
+/// `q k^T` is summed straight into the scratch's `P`. Nothing has room of its own once dead:
+/// every float less live here is one more of the chunk's scratch, state and prefetched rows
+/// kept in L2 (measured: with 64 KiB more live, the GEMMs and row loads ran 8-15% slower).
 struct PerChannel<'a> {
-    a: &'a mut [f32],
-    rowf: &'a mut [f32],
-    cols: &'a mut [f32],
+    a_y: &'a mut [f32],
+    rowf_cols_x: &'a mut [f32],
     run: &'a mut [f32],
     kq_rows: &'a mut [f32],
     bt: &'a mut [f32],
-    kq: &'a mut [f32],
 }
 
 impl<'a> PerChannel<'a> {
-    fn floats(kp: usize) -> usize {
-        C * kp + SUB * kp + (C - SUB) * kp + kp + 2 * (kp * 2 * SUB) + C * 2 * SUB
+    fn floats(kp: usize, vd: usize) -> usize {
+        C * kp.max(vd) + C * kp + kp + (2 * SUB * kp).max(C * 2 * SUB) + kp * 2 * SUB
     }
 
-    fn carve(mut rest: &'a mut [f32], kp: usize) -> PerChannel<'a> {
+    fn carve(mut rest: &'a mut [f32], kp: usize, vd: usize) -> PerChannel<'a> {
         PerChannel {
-            a: carve(&mut rest, C * kp),
-            rowf: carve(&mut rest, SUB * kp),
-            cols: carve(&mut rest, (C - SUB) * kp),
+            a_y: carve(&mut rest, C * kp.max(vd)),
+            rowf_cols_x: carve(&mut rest, C * kp),
             run: carve(&mut rest, kp),
-            kq_rows: carve(&mut rest, kp * 2 * SUB),
+            kq_rows: carve(&mut rest, (2 * SUB * kp).max(C * 2 * SUB)),
             bt: carve(&mut rest, kp * 2 * SUB),
-            kq: carve(&mut rest, C * 2 * SUB),
         }
     }
 }
@@ -621,26 +633,23 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
         q: qp,
         k: kpd,
         kk,
-        qk,
         tinv,
-        x,
-        y,
     } = work;
     let PerChannel {
-        a,
-        rowf,
-        cols,
+        a_y,
+        rowf_cols_x,
         run,
         kq_rows,
         bt,
-        kq,
-    } = PerChannel::carve(rest, kp);
-    a.fill(1.0);
+    } = PerChannel::carve(rest, kp, args.v_dim);
     let mut a_row = [0f32; C];
     let mut beta = [0f32; C];
     for j in 0..layout.group {
         let hv = args.v_head(h, j);
         let hs = task.head(j);
+        // q k^T o decay goes straight into P (lower incl. the diagonal; zero up to column m).
+        let qk = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
+        let a = &mut *a_y;
         unsafe {
             // All rows first, then their exps: the row loads (a page apart, mostly from memory)
             // are then independent and overlap, where an exp between them kept a few in flight.
@@ -650,33 +659,10 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
             }
             for i in 0..m {
                 exp_in_place::<S>(&mut a[i * kp..i * kp + kd]);
+                a[i * kp + kd..(i + 1) * kp].fill(1.0);
             }
-            let (ap, e) = (a.as_ptr(), run.as_mut_ptr());
-            // e^G_i = a_0 ... a_i, a running row: q e^G and -beta k e^G, and e^(G_last).
-            std::ptr::copy_nonoverlapping(ap, e, kp);
-            for i in 0..m {
-                if i > 0 {
-                    product_rows::<S>(e, ap.add(i * kp), e, kp);
-                }
-                let (q, k) = (qp.as_ptr(), kpd.as_ptr());
-                mul_rows::<S>(q.add(i * kp), e, 1.0, hs.qg.add(i * kp), kp);
-                mul_rows::<S>(k.add(i * kp), e, -beta[i], x.as_mut_ptr().add(i * kp), kp);
-            }
-            std::ptr::copy_nonoverlapping(e, hs.elast, kp);
-            // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
-            run.fill(1.0);
-            for i in (0..m).rev() {
-                if i + 1 < m {
-                    product_rows::<S>(run.as_ptr(), ap.add((i + 1) * kp), run.as_mut_ptr(), kp);
-                }
-                mul_rows::<S>(
-                    kpd.as_ptr().add(i * kp),
-                    run.as_ptr(),
-                    1.0,
-                    hs.kdec.add(i * kp),
-                    kp,
-                );
-            }
+            let ap = a.as_ptr();
+            let (rowf, cols) = rowf_cols_x.split_at_mut(SUB * kp);
             let mut n = 0;
             while n < m {
                 let rs = SUB.min(m - n);
@@ -722,6 +708,8 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
                         row_stride: kp,
                         col_stride: 1,
                     };
+                    // The products overwrite the spent `[k | q] * rowf` rows.
+                    let kq = kq_rows.as_mut_ptr();
                     gemm::<S>(
                         n,
                         2 * SUB,
@@ -729,15 +717,14 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
                         cols_a,
                         bt.as_ptr(),
                         2 * SUB,
-                        kq.as_mut_ptr(),
+                        kq,
                         2 * SUB,
                         false,
                         false,
                     );
                     // kk[n + cc][jj] = kq[jj][cc], qk[n + cc][jj] = kq[jj][SUB + cc].
-                    let kqp = kq.as_ptr();
-                    transpose(kqp, 2 * SUB, kk[n * C..].as_mut_ptr(), C, n, rs);
-                    transpose(kqp.add(SUB), 2 * SUB, qk[n * C..].as_mut_ptr(), C, n, rs);
+                    transpose(kq, 2 * SUB, kk[n * C..].as_mut_ptr(), C, n, rs);
+                    transpose(kq.add(SUB), 2 * SUB, qk[n * C..].as_mut_ptr(), C, n, rs);
                 }
                 // The diagonal block, pair by pair: e = a_(j+1) ... a_i, kk = k_i . (k_j e).
                 for jj in n..n + rs {
@@ -754,21 +741,46 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
                 }
                 n += rs;
             }
+            // The sub-chunk rows are spent: x takes their room. e^G_i = a_0 ... a_i, a running
+            // row: q e^G, -beta k e^G and e^(G_last).
+            let (x, e) = (rowf_cols_x.as_mut_ptr(), run.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(ap, e, kp);
+            for i in 0..m {
+                if i > 0 {
+                    product_rows::<S>(e, ap.add(i * kp), e, kp);
+                }
+                let (q, k) = (qp.as_ptr(), kpd.as_ptr());
+                mul_rows::<S>(q.add(i * kp), e, 1.0, hs.qg.add(i * kp), kp);
+                mul_rows::<S>(k.add(i * kp), e, -beta[i], x.add(i * kp), kp);
+            }
+            std::ptr::copy_nonoverlapping(e, hs.elast, kp);
+            // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
+            run.fill(1.0);
+            for i in (0..m).rev() {
+                if i + 1 < m {
+                    product_rows::<S>(run.as_ptr(), ap.add((i + 1) * kp), run.as_mut_ptr(), kp);
+                }
+                mul_rows::<S>(
+                    kpd.as_ptr().add(i * kp),
+                    run.as_ptr(),
+                    1.0,
+                    hs.kdec.add(i * kp),
+                    kp,
+                );
+            }
         }
-        // P = q k^T o decay (lower incl. diagonal); T row by row from A = beta_i (k k^T o decay).
-        let p = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
+        // P's upper part; T row by row from A = beta_i (k k^T o decay).
         tinv.fill(0.0);
         for i in 0..m {
-            p[i * C..i * C + i + 1].copy_from_slice(&qk[i * C..i * C + i + 1]);
-            p[i * C + i + 1..i * C + m]
-                .iter_mut()
-                .for_each(|x| *x = 0.0);
+            qk[i * C + i + 1..i * C + m].fill(0.0);
             for l in 0..i {
                 a_row[l] = beta[i] * kk[i * C + l];
             }
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
-        unsafe { store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), y, &beta[..m]) };
+        // `a` is spent: y takes its room.
+        let x = &rowf_cols_x[..];
+        unsafe { store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), a_y, &beta[..m]) };
     }
 }
 

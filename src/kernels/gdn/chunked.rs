@@ -539,49 +539,62 @@ unsafe fn product_rows<S: Simd>(e: *const f32, a: *const f32, dst: *mut f32, n: 
     }
 }
 
-/// One pair `(i, j)` of a diagonal block: with `step` (`i > j`), first `e *= a_i` (flushed) in
-/// place; then `(k_i . (k_j e), q_i . (k_j e))` over `kp` floats (a multiple of `S::LANES`), two
-/// vectors at a time in separate sums so the accumulators stay in registers.
+/// The diagonal block of the sub-chunk of `rs` tokens from `n`: for `n <= jj <= i < n + rs`,
+/// with `e = a_(jj+1) ... a_i` (flushed, a running product over `i`),
+/// `kk[i][jj] = k_i . (k_jj e)` and `qk[i][jj] = q_i . (k_jj e)`. Rows are `kp` floats (a
+/// multiple of `S::LANES`), taken `NB` vectors at a time with `e` and `k_jj` held in registers:
+/// with them in memory, the pair loop was bound by its loads and stores at half the FMA rate.
 ///
 /// # Safety
-/// Every pointer addresses `kp` floats; `e` is not aliased.
+/// `a`, `k` and `q` address rows `n .. n + rs` of `kp` floats; `rs <= SUB`.
 #[inline(always)]
-unsafe fn diagonal_pair<S: Simd>(
-    e: *mut f32,
-    step: Option<*const f32>,
-    kj: *const f32,
-    [ki, qi]: [*const f32; 2],
+#[allow(clippy::too_many_arguments)]
+unsafe fn diagonal_block<S: Simd, const NB: usize>(
+    [a, k, q]: [*const f32; 3],
     kp: usize,
-) -> (f32, f32) {
+    n: usize,
+    rs: usize,
+    kk: &mut [f32],
+    qk: &mut [f32],
+) {
     let l = S::LANES;
-    let mut acc = unsafe { [S::zero(); 4] };
-    let mut r = 0;
-    unsafe {
-        let weight = |r: usize| {
-            let mut ev = S::load_f32(e.add(r));
-            if let Some(a) = step {
-                ev = decay_product::<S>(ev, S::load_f32(a.add(r)));
-                S::store_f32(e.add(r), ev);
+    for jj in n..n + rs {
+        let mut sums = [[0f32; 2]; SUB];
+        let mut b = 0;
+        while b < kp {
+            let nv = NB.min((kp - b) / l);
+            unsafe {
+                let mut kj = [S::zero(); NB];
+                let mut e = [S::splat(1.0); NB];
+                // Constant indices under a bound check keep the arrays in registers.
+                for (v, kv) in kj.iter_mut().enumerate() {
+                    if v < nv {
+                        *kv = S::load_f32(k.add(jj * kp + b + v * l));
+                    }
+                }
+                for (i, sum) in (jj..n + rs).zip(sums.iter_mut()) {
+                    let row = i * kp + b;
+                    let mut acc = [S::zero(); 2];
+                    for (v, (ev, kv)) in e.iter_mut().zip(kj).enumerate() {
+                        if v < nv {
+                            if i > jj {
+                                *ev = decay_product::<S>(*ev, S::load_f32(a.add(row + v * l)));
+                            }
+                            let w = S::mul(kv, *ev);
+                            acc[0] = S::fma(S::load_f32(k.add(row + v * l)), w, acc[0]);
+                            acc[1] = S::fma(S::load_f32(q.add(row + v * l)), w, acc[1]);
+                        }
+                    }
+                    sum[0] += S::reduce_sum(acc[0]);
+                    sum[1] += S::reduce_sum(acc[1]);
+                }
             }
-            S::mul(S::load_f32(kj.add(r)), ev)
-        };
-        while r + 2 * l <= kp {
-            let (t0, t1) = (weight(r), weight(r + l));
-            acc[0] = S::fma(S::load_f32(ki.add(r)), t0, acc[0]);
-            acc[1] = S::fma(S::load_f32(ki.add(r + l)), t1, acc[1]);
-            acc[2] = S::fma(S::load_f32(qi.add(r)), t0, acc[2]);
-            acc[3] = S::fma(S::load_f32(qi.add(r + l)), t1, acc[3]);
-            r += 2 * l;
+            b += nv * l;
         }
-        if r < kp {
-            let t0 = weight(r);
-            acc[0] = S::fma(S::load_f32(ki.add(r)), t0, acc[0]);
-            acc[2] = S::fma(S::load_f32(qi.add(r)), t0, acc[2]);
+        for (i, sum) in (jj..n + rs).zip(sums) {
+            kk[i * C + jj] = sum[0];
+            qk[i * C + jj] = sum[1];
         }
-        (
-            S::reduce_sum(S::add(acc[0], acc[1])),
-            S::reduce_sum(S::add(acc[2], acc[3])),
-        )
     }
 }
 
@@ -726,18 +739,11 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
                     transpose(kq, 2 * SUB, kk[n * C..].as_mut_ptr(), C, n, rs);
                     transpose(kq.add(SUB), 2 * SUB, qk[n * C..].as_mut_ptr(), C, n, rs);
                 }
-                // The diagonal block, pair by pair: e = a_(j+1) ... a_i, kk = k_i . (k_j e).
-                for jj in n..n + rs {
-                    run.fill(1.0);
-                    let kj = kpd.as_ptr().add(jj * kp);
-                    for i in jj..n + rs {
-                        let rows = [kpd.as_ptr().add(i * kp), qp.as_ptr().add(i * kp)];
-                        let step = (i > jj).then(|| ap.add(i * kp));
-                        let (kk_ij, qk_ij) =
-                            diagonal_pair::<S>(run.as_mut_ptr(), step, kj, rows, kp);
-                        kk[i * C + jj] = kk_ij;
-                        qk[i * C + jj] = qk_ij;
-                    }
+                // The diagonal block, pair by pair; half the vector registers for e and k_j.
+                let rows = [ap, kpd.as_ptr(), qp.as_ptr()];
+                match S::VECTORS_IN_REGISTERS >= 32 {
+                    true => diagonal_block::<S, 8>(rows, kp, n, rs, kk, qk),
+                    false => diagonal_block::<S, 4>(rows, kp, n, rs, kk, qk),
                 }
                 n += rs;
             }

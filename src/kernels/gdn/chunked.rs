@@ -53,6 +53,9 @@ pub struct Layout {
     pub heads: usize,
     /// v-heads per q/k head.
     pub group: usize,
+    /// v-head blocks per q/k head and chunk: `group`, or 1 when each v-head's pass 2 runs
+    /// right after its pass 1 ([`fused`]: one v-head's block live at a time, reused).
+    pub slots: usize,
     pub k_dim: usize,
     pub v_dim: usize,
 }
@@ -63,14 +66,13 @@ impl Layout {
         C * self.k_dim + C * self.v_dim + C * C + (2 * C + 1) * kp
     }
     pub fn chunk_size(&self) -> usize {
-        self.heads * self.group * self.head_size()
+        self.heads * self.slots * self.head_size()
     }
     /// The scratch of chunk `c`, v-head number `j` of q/k head `h`.
     fn head(&self, base: *mut f32, c: usize, h: usize, j: usize) -> HeadScratch {
         let kp = padded_k(self.k_dim);
-        let w = base.wrapping_add(
-            c * self.chunk_size() + ((h - self.first_head) * self.group + j) * self.head_size(),
-        );
+        let slot = (h - self.first_head) * self.slots + j % self.slots;
+        let w = base.wrapping_add(c * self.chunk_size() + slot * self.head_size());
         let u = w.wrapping_add(C * self.k_dim);
         let p = u.wrapping_add(C * self.v_dim);
         let qg = p.wrapping_add(C * C);
@@ -165,8 +167,12 @@ pub fn intra_floats(args: &DeltaRule) -> usize {
         }
 }
 
+/// What pass 1 calls with each v-head (its number in the group) once its scratch is complete.
+pub type EachHead<'a> = &'a mut dyn FnMut(usize, &HeadScratch);
+
 /// [`intra`] of one ISA.
-pub type IntraStep = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize, &mut [f32]);
+pub type IntraStep =
+    unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize, &mut [f32], EachHead);
 /// [`inter_chunk`] of one ISA.
 pub type InterStep = unsafe fn(&DeltaRule, &HeadScratch, &mut [f32], &mut [f32], Chunk, usize);
 
@@ -189,17 +195,19 @@ pub unsafe fn intra_task(
     steps: &Steps,
 ) {
     let mut buf = TaskBuffer::take(intra_floats(args));
-    unsafe { (steps.intra)(args, layout, scratch, c, chunk, h, &mut buf) }
+    unsafe { (steps.intra)(args, layout, scratch, c, chunk, h, &mut buf, &mut |_, _| {}) }
 }
 
 /// Pass 1 for chunk `c` and q/k head `h`: for every v-head of the group, everything pass 2 needs
 /// of the chunk but the state (see [`Layout`]), working in `buf` ([`intra_floats`], its padding
-/// lanes zero: only ever written by this function).
+/// lanes zero: only ever written by this function); `each_head` is called with each v-head as
+/// soon as its scratch is complete.
 ///
 /// # Safety
 /// `scratch` is laid out by `layout` for every chunk; this task alone writes chunk `c`'s blocks
 /// of the v-heads of q/k head `h`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn intra<S: Simd>(
     args: &DeltaRule,
     layout: &Layout,
@@ -208,6 +216,7 @@ pub unsafe fn intra<S: Simd>(
     chunk: Chunk,
     h: usize,
     buf: &mut [f32],
+    each_head: EachHead,
 ) {
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
@@ -243,8 +252,8 @@ pub unsafe fn intra<S: Simd>(
     };
     unsafe {
         match args.per_channel {
-            true => intra_per_channel::<S>(&task, work, rest),
-            false => intra_per_head::<S>(&task, work, rest),
+            true => intra_per_channel::<S>(&task, work, rest, each_head),
+            false => intra_per_head::<S>(&task, work, rest, each_head),
         }
     }
 }
@@ -299,7 +308,7 @@ impl<'a> PerHead<'a> {
 /// As for [`intra`]; `work` holds the chunk's normalised q and k, `rest` at least
 /// [`PerHead::floats`].
 #[inline(always)]
-unsafe fn intra_per_head<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32]) {
+unsafe fn intra_per_head<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32], each: EachHead) {
     let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
@@ -375,6 +384,7 @@ unsafe fn intra_per_head<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32]) {
             }
             std::slice::from_raw_parts_mut(hs.elast, kp).fill(glast.exp());
             store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), y, &beta[..m]);
+            each(j, &hs);
         }
     }
 }
@@ -638,7 +648,7 @@ impl<'a> PerChannel<'a> {
 /// As for [`intra`]; `work` holds the chunk's normalised q and k, `rest` at least
 /// [`PerChannel::floats`].
 #[inline(always)]
-unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32]) {
+unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32], each: EachHead) {
     let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
@@ -787,6 +797,7 @@ unsafe fn intra_per_channel<S: Simd>(task: &Pass1, work: Work, rest: &mut [f32])
         // `a` is spent: y takes its room.
         let x = &rowf_cols_x[..];
         unsafe { store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), a_y, &beta[..m]) };
+        each(j, &hs);
     }
 }
 
@@ -828,8 +839,9 @@ pub unsafe fn inter<S: Simd>(
 }
 
 /// The chunked form in one task per (sequence, q/k head) when there are enough of them for the
-/// threads: each chunk's pass 1, then its pass 2 for every v-head of the group, while the chunk's
-/// scratch is still in cache (the same arithmetic as the two passes, so the same bits).
+/// threads: each chunk's pass 1 with, as each v-head's scratch is complete, that v-head's pass 2,
+/// while its scratch is still in cache (one v-head block, reused: the same arithmetic as the two
+/// passes, so the same bits).
 ///
 /// # Safety
 /// This task alone reads and writes the sequence's output rows and state slots of the v-heads of
@@ -848,6 +860,7 @@ pub unsafe fn fused<S: Simd>(
         first_head: h,
         heads: 1,
         group,
+        slots: 1,
         k_dim: kd,
         v_dim: vd,
     };
@@ -861,11 +874,11 @@ pub unsafe fn fused<S: Simd>(
             load_state::<S>(args, seq, args.v_head(h, j), s);
         }
         for &chunk in chunks {
-            (steps.intra)(args, &layout, scratch, 0, chunk, h, rest);
-            for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
-                let hs = layout.head(scratch, 0, h, j);
-                (steps.inter)(args, &hs, s, o, chunk, args.v_head(h, j));
-            }
+            let mut inter = |j: usize, hs: &HeadScratch| {
+                let s = &mut states[j * kd * vd..(j + 1) * kd * vd];
+                (steps.inter)(args, hs, s, o, chunk, args.v_head(h, j))
+            };
+            (steps.intra)(args, &layout, scratch, 0, chunk, h, rest, &mut inter);
         }
         for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
             store_state::<S>(args, seq, args.v_head(h, j), s);

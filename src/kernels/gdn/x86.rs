@@ -2,7 +2,7 @@
 //! context's threads with the entry points of one instruction set. The kernel bodies are generic
 //! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
 
-use super::chunked::{self, Chunk, HeadScratch, Layout, Steps};
+use super::chunked::{self, Chunk, EachHead, HeadScratch, Layout, Steps};
 use super::gating::{self, KdaGating};
 use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
 use crate::dtype::DType;
@@ -44,6 +44,7 @@ macro_rules! entry_points {
 
             #[target_feature(enable = $features)]
             #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
             unsafe fn intra_step(
                 args: &DeltaRule,
                 layout: &Layout,
@@ -52,8 +53,9 @@ macro_rules! entry_points {
                 chunk: Chunk,
                 h: usize,
                 buf: &mut [f32],
+                each_head: EachHead,
             ) {
-                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, h, buf) }
+                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, h, buf, each_head) }
             }
 
             #[target_feature(enable = $features)]
@@ -200,6 +202,7 @@ pub unsafe fn gated_delta_rule(
         first_head,
         heads: wave.min(heads - first_head),
         group,
+        slots: group,
         k_dim: args.k_dim,
         v_dim: args.v_dim,
     };

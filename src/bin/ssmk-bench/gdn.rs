@@ -282,6 +282,14 @@ pub fn run(cfg: &Config, report: &mut Report) {
     decode(cfg, report, GDN, cfg.pick(64, 8));
     prefill(cfg, report, KDA, &[long], DType::BF16);
     prefill(cfg, report, KDA, &[short; 4], DType::BF16);
+    // Per-channel decays at the Gated DeltaNet heads (GQA: q/k loads shared, k k^T not).
+    prefill(
+        cfg,
+        report,
+        GDN.with_per_channel(true),
+        &[long],
+        DType::BF16,
+    );
     decode(cfg, report, KDA, cfg.pick(64, 8));
     layer_steps(cfg, report, GDN);
     layer_steps(cfg, report, KDA);

@@ -10,8 +10,8 @@
 //! group) stores per v-head `-w`, `u`, the masked `P = q k^T o decay`, `q e^G`, `k e^(G_last - G)`
 //! and `e^(G_last)` (see [`Layout`]); pass 2 ([`inter_chunk`]) carries the state of one
 //! (sequence, v-head) through a chunk with four GEMMs. With enough (sequence, q/k head) pairs for
-//! the threads, one task runs both passes chunk by chunk for a pair ([`fused`]: the chunk's scratch
-//! stays in L2); otherwise pass 1 runs over all chunks in parallel and pass 2 per (sequence,
+//! the threads, one task runs both passes chunk by chunk for a pair, each v-head's pass 2 right
+//! after its pass 1 ([`fused`]: its scratch stays in L2); otherwise pass 1 runs over all chunks in parallel and pass 2 per (sequence,
 //! v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the state stays f32 for the
 //! whole sequence.
 //!
@@ -558,7 +558,6 @@ unsafe fn product_rows<S: Simd>(e: *const f32, a: *const f32, dst: *mut f32, n: 
 /// # Safety
 /// `a`, `k` and `q` address rows `n .. n + rs` of `kp` floats; `rs <= SUB`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn diagonal_block<S: Simd, const NB: usize>(
     [a, k, q]: [*const f32; 3],
     kp: usize,

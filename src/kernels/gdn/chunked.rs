@@ -171,8 +171,7 @@ pub fn intra_floats(args: &DeltaRule) -> usize {
 pub type EachHead<'a> = &'a mut dyn FnMut(usize, &HeadScratch);
 
 /// [`intra`] of one ISA.
-pub type IntraStep =
-    unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize, &mut [f32], EachHead);
+pub type IntraStep = unsafe fn(&Pass1, &mut [f32], EachHead);
 /// [`inter_chunk`] of one ISA.
 pub type InterStep = unsafe fn(&DeltaRule, &HeadScratch, &mut [f32], &mut [f32], Chunk, usize);
 
@@ -194,30 +193,29 @@ pub unsafe fn intra_task(
     (c, chunk, h): (usize, Chunk, usize),
     steps: &Steps,
 ) {
+    let task = Pass1 {
+        args,
+        layout,
+        scratch,
+        c,
+        chunk,
+        h,
+    };
     let mut buf = TaskBuffer::take(intra_floats(args));
-    unsafe { (steps.intra)(args, layout, scratch, c, chunk, h, &mut buf, &mut |_, _| {}) }
+    unsafe { (steps.intra)(&task, &mut buf, &mut |_, _| {}) }
 }
 
-/// Pass 1 for chunk `c` and q/k head `h`: for every v-head of the group, everything pass 2 needs
-/// of the chunk but the state (see [`Layout`]), working in `buf` ([`intra_floats`], its padding
-/// lanes zero: only ever written by this function); `each_head` is called with each v-head as
-/// soon as its scratch is complete.
+/// Pass 1 `task`: for every v-head of the group, everything pass 2 needs of the chunk but the
+/// state (see [`Layout`]), working in `buf` ([`intra_floats`], its padding lanes zero: only ever
+/// written by this function); `each_head` is called with each v-head as soon as its scratch is
+/// complete.
 ///
 /// # Safety
-/// `scratch` is laid out by `layout` for every chunk; this task alone writes chunk `c`'s blocks
-/// of the v-heads of q/k head `h`.
+/// `task.scratch` is laid out by `task.layout` for every chunk; this task alone writes chunk
+/// `task.c`'s blocks of the v-heads of q/k head `task.h`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn intra<S: Simd>(
-    args: &DeltaRule,
-    layout: &Layout,
-    scratch: *mut f32,
-    c: usize,
-    chunk: Chunk,
-    h: usize,
-    buf: &mut [f32],
-    each_head: EachHead,
-) {
+pub unsafe fn intra<S: Simd>(task: &Pass1, buf: &mut [f32], each_head: EachHead) {
+    let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let mut rest = buf;
@@ -242,25 +240,17 @@ pub unsafe fn intra<S: Simd>(
             )
         };
     }
-    let task = Pass1 {
-        args,
-        layout,
-        scratch,
-        c,
-        chunk,
-        h,
-    };
     unsafe {
         match args.per_channel {
-            true => intra_per_channel::<S>(&task, work, rest, each_head),
-            false => intra_per_head::<S>(&task, work, rest, each_head),
+            true => intra_per_channel::<S>(task, work, rest, each_head),
+            false => intra_per_head::<S>(task, work, rest, each_head),
         }
     }
 }
 
 /// One pass-1 task: chunk `c` of q/k head `h`, and where its scratch goes.
 #[derive(Clone, Copy)]
-struct Pass1<'a> {
+pub struct Pass1<'a> {
     args: &'a DeltaRule,
     layout: &'a Layout,
     scratch: *mut f32,
@@ -877,7 +867,15 @@ pub unsafe fn fused<S: Simd>(
                 let s = &mut states[j * kd * vd..(j + 1) * kd * vd];
                 (steps.inter)(args, hs, s, o, chunk, args.v_head(h, j))
             };
-            (steps.intra)(args, &layout, scratch, 0, chunk, h, rest, &mut inter);
+            let task = Pass1 {
+                args,
+                layout: &layout,
+                scratch,
+                c: 0,
+                chunk,
+                h,
+            };
+            (steps.intra)(&task, rest, &mut inter);
         }
         for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
             store_state::<S>(args, seq, args.v_head(h, j), s);

@@ -2,7 +2,7 @@
 //! context's threads with the entry points of one instruction set. The kernel bodies are generic
 //! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
 
-use super::chunked::{self, Chunk, EachHead, HeadScratch, Layout, Steps};
+use super::chunked::{self, Chunk, EachHead, HeadScratch, Layout, Pass1, Steps};
 use super::gating::{self, KdaGating};
 use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
 use crate::dtype::DType;
@@ -44,18 +44,8 @@ macro_rules! entry_points {
 
             #[target_feature(enable = $features)]
             #[inline(never)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn intra_step(
-                args: &DeltaRule,
-                layout: &Layout,
-                scratch: *mut f32,
-                c: usize,
-                chunk: Chunk,
-                h: usize,
-                buf: &mut [f32],
-                each_head: EachHead,
-            ) {
-                unsafe { chunked::intra::<$simd>(args, layout, scratch, c, chunk, h, buf, each_head) }
+            unsafe fn intra_step(task: &Pass1, buf: &mut [f32], each_head: EachHead) {
+                unsafe { chunked::intra::<$simd>(task, buf, each_head) }
             }
 
             #[target_feature(enable = $features)]

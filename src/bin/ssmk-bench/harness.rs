@@ -153,9 +153,8 @@ pub fn fma_peak_gflops(cfg: &Config) -> f64 {
 }
 
 /// Median seconds per call of `f` (as [`time`]) and the median FMA peak measured between its
-/// samples. On a shared machine the core's throughput drifts (a busy sibling thread, the host's
-/// clocks) by 15% within minutes, the GEMMs of a prefill with it; against a peak taken at the
-/// start of the run, that drift would land in the ratio.
+/// samples, so the ratio of the two does not depend on when in the run the row is timed (on the
+/// shared development VM the peak read 108-117 GFLOP/s over one run).
 pub fn time_beside_peak(cfg: &Config, f: impl FnMut()) -> (f64, f64) {
     time_between(cfg, f, fma_peak_once)
 }

@@ -113,6 +113,11 @@ struct Line([f32; LINE_FLOATS]);
 
 const LINE_FLOATS: usize = 16;
 
+/// Lines that hold `floats` f32.
+fn lines_for(floats: usize) -> usize {
+    floats.div_ceil(LINE_FLOATS)
+}
+
 /// Chunk scratch up to this size (64 MiB) stays with the calling thread for the next call.
 const KEEP_SCRATCH_FLOATS: usize = 16 << 20;
 
@@ -125,7 +130,7 @@ thread_local! {
 /// Runs `body` with `floats` uninitialised f32 of scratch, starting on a cache line (the caller
 /// writes every element before reading it); `kernel` names the call in the allocation error.
 pub fn with_scratch(floats: usize, kernel: &str, body: impl FnOnce(SharedPtr<f32>)) -> Result<()> {
-    let lines = floats.div_ceil(LINE_FLOATS);
+    let lines = lines_for(floats);
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
         if scratch.len() < lines {
@@ -172,11 +177,8 @@ pub struct TaskBuffer {
 impl TaskBuffer {
     pub fn take(floats: usize) -> TaskBuffer {
         let mut lines = TASK_BUFFER.take();
-        let needed = floats.div_ceil(LINE_FLOATS);
-        if lines.len() < needed {
-            lines.resize(needed, Line([0.0; LINE_FLOATS]));
-        }
-        lines.truncate(needed);
+        // Grows or shrinks to fit; the fill below zeroes reused lines (added ones twice, rarely).
+        lines.resize(lines_for(floats), Line([0.0; LINE_FLOATS]));
         let mut buf = TaskBuffer { lines, floats };
         buf.fill(0.0);
         buf

@@ -1,7 +1,10 @@
 //! Register-blocked f32 GEMM for the small fixed shapes of the chunked form (64x64, 64xK, KxV):
 //! `C (+)= A B` with `A` addressed through row and column strides (so a transposed operand costs
 //! nothing: its elements are broadcast one by one) and `B`, `C` row-major. The micro-tile is
-//! `MR` rows x `2 * LANES` columns (6 x 16 on AVX2: 12 accumulators, 2 B vectors, 1 broadcast).
+//! `MR` rows x `NV * LANES` columns, as many accumulators as the register file leaves room for:
+//! 6 x 16 on AVX2 (12 accumulators, 2 B vectors, 1 broadcast of 16 registers) and 6 x 64 on
+//! AVX-512 (24 accumulators, 4 B vectors, 1 broadcast of 32: per B row loaded, twice the FMAs of
+//! 6 x 32, which measured 7-8% faster on a whole Gated DeltaNet prefill).
 
 use crate::kernels::simd::Simd;
 
@@ -35,14 +38,38 @@ pub unsafe fn gemm<S: Simd>(
     accumulate: bool,
     lower: bool,
 ) {
+    unsafe {
+        if S::VECTORS_IN_REGISTERS >= 32 {
+            panels::<S, 4>(m, n, p, a, b, ldb, c, ldc, accumulate, lower)
+        } else {
+            panels::<S, 2>(m, n, p, a, b, ldb, c, ldc, accumulate, lower)
+        }
+    }
+}
+
+/// [`gemm`] in column panels of `NV` vectors, then single vectors, then scalar columns.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panels<S: Simd, const NV: usize>(
+    m: usize,
+    n: usize,
+    p: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lower: bool,
+) {
     let lanes = S::LANES;
     let mut j = 0;
     unsafe {
-        while j + 2 * lanes <= n {
-            rows::<S, 2>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
-            j += 2 * lanes;
+        while j + NV * lanes <= n {
+            rows::<S, NV>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
+            j += NV * lanes;
         }
-        if j + lanes <= n {
+        while j + lanes <= n {
             rows::<S, 1>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
             j += lanes;
         }
@@ -218,6 +245,9 @@ mod tests {
             (7, 16, 64),
             (64, 64, 64),
             (5, 3, 2),
+            // A 4-vector panel, then single vectors (AVX-512) or 2-vector panels (AVX2), then
+            // scalar columns.
+            (9, 83, 17),
         ] {
             for (transposed, lower, acc) in [
                 (false, false, false),

@@ -140,6 +140,55 @@ pub(crate) unsafe fn exp_in_place<S: Simd>(x: &mut [f32]) {
     unsafe { exp_rows::<S>(x.as_ptr(), x.as_mut_ptr(), x.len()) }
 }
 
+/// `x[i] *= d`.
+///
+/// # Safety
+/// The CPU supports `S`.
+#[inline(always)]
+pub(crate) unsafe fn scale_in_place<S: Simd>(x: &mut [f32], d: f32) {
+    let (n, l) = (x.len(), S::LANES);
+    let mut j = 0;
+    unsafe {
+        let dv = S::splat(d);
+        while j + l <= n {
+            let p = x.as_mut_ptr().add(j);
+            S::store_f32(p, S::mul(S::load_f32(p), dv));
+            j += l;
+        }
+    }
+    x[j..].iter_mut().for_each(|v| *v *= d);
+}
+
+/// `sum x[i]^2` in four vector partial sums (independent FMA chains, so a row's sum is not one
+/// long dependency), added in a fixed order, then the tail: deterministic for each `S`.
+///
+/// # Safety
+/// The CPU supports `S`.
+#[inline(always)]
+pub(crate) unsafe fn sum_squares<S: Simd>(x: &[f32]) -> f32 {
+    let (n, l, p) = (x.len(), S::LANES, x.as_ptr());
+    let mut j = 0;
+    unsafe {
+        let mut acc = [S::zero(); 4];
+        while j + 4 * l <= n {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let v = S::load_f32(p.add(j + u * l));
+                *a = S::fma(v, v, *a);
+            }
+            j += 4 * l;
+        }
+        while j + l <= n {
+            let v = S::load_f32(p.add(j));
+            acc[0] = S::fma(v, v, acc[0]);
+            j += l;
+        }
+        let sum = S::add(S::add(acc[0], acc[1]), S::add(acc[2], acc[3]));
+        x[j..]
+            .iter()
+            .fold(S::reduce_sum(sum), |s, &t| t.mul_add(t, s))
+    }
+}
+
 /// `out[i] = exp(x[i])` for `i < n`; `x` and `out` may be the same floats.
 #[inline(always)]
 unsafe fn exp_rows<S: Simd>(x: *const f32, out: *mut f32, n: usize) {

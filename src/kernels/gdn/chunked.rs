@@ -30,7 +30,7 @@ pub use crate::kernels::chunking::Chunk;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::gemm::{MatA, gemm};
 use crate::kernels::simd::{
-    Simd, exp_in_place, exp_into, load_row_simd, store_row_simd, transpose,
+    Simd, exp_in_place, exp_into, load_row_simd, scale_in_place, store_row_simd, transpose,
 };
 
 const C: usize = CHUNK;
@@ -1013,7 +1013,7 @@ pub unsafe fn inter_chunk<S: Simd>(
         // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay.
         let elast = std::slice::from_raw_parts(hs.elast, kd);
         for (row, &d) in s.chunks_exact_mut(vd).zip(elast) {
-            scale::<S>(row, d);
+            scale_in_place::<S>(row, d);
         }
         gemm::<S>(
             kd,
@@ -1032,20 +1032,4 @@ pub unsafe fn inter_chunk<S: Simd>(
             false,
         );
     }
-}
-
-/// `x *= d` in place.
-#[inline(always)]
-unsafe fn scale<S: Simd>(x: &mut [f32], d: f32) {
-    let (n, l) = (x.len(), S::LANES);
-    let dv = unsafe { S::splat(d) };
-    let mut j = 0;
-    unsafe {
-        while j + l <= n {
-            let p = x.as_mut_ptr().add(j);
-            S::store_f32(p, S::mul(S::load_f32(p), dv));
-            j += l;
-        }
-    }
-    x[j..].iter_mut().for_each(|v| *v *= d);
 }

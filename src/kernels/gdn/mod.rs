@@ -28,7 +28,7 @@ mod x86;
 
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::kernels::simd::{Simd, load_row_simd};
+use crate::kernels::simd::{Simd, load_row_simd, scale_in_place, sum_squares};
 pub use crate::kernels::strided::Strided;
 pub(crate) use crate::kernels::strided::{
     load_row, prefetch, prefetch_l2, read_f32, store_row, write_f32,
@@ -132,12 +132,16 @@ impl DeltaRule {
         }
         let (mut q_scale, mut k_scale) = (self.scale, 1.0f32);
         if let Some(eps) = self.l2norm_eps {
-            q_scale /= (sum_squares(q_row) + eps).sqrt();
-            k_scale = 1.0 / (sum_squares(k_row) + eps).sqrt();
+            unsafe {
+                q_scale /= (sum_squares::<S>(q_row) + eps).sqrt();
+                k_scale = 1.0 / (sum_squares::<S>(k_row) + eps).sqrt();
+            }
         }
-        q_row.iter_mut().for_each(|x| *x *= q_scale);
-        if k_scale != 1.0 {
-            k_row.iter_mut().for_each(|x| *x *= k_scale);
+        unsafe {
+            scale_in_place::<S>(q_row, q_scale);
+            if k_scale != 1.0 {
+                scale_in_place::<S>(k_row, k_scale);
+            }
         }
     }
 
@@ -201,24 +205,6 @@ impl DeltaRule {
         debug_assert!(self.per_channel && row.len() == self.k_dim);
         unsafe { load_row(self.g.at(&[token, hv]), DType::F32, self.g.strides[2], row) }
     }
-}
-
-/// Sum of squares in f32 with four partial sums (a fixed order, so deterministic).
-#[inline(always)]
-pub(crate) fn sum_squares(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..8 {
-            acc[i] += c[i] * c[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for &t in tail {
-        s += t * t;
-    }
-    s
 }
 
 /// Runs the gated delta rule with the implementation for `isa` (`Isa::Scalar` = the f64

@@ -154,22 +154,31 @@ impl DeltaRule {
         }
     }
 
-    /// Prefetches into L2 what pass 1 of the chunked form reads of `token` for q/k head `h` and
-    /// its v-heads `v_heads`: the q, k and v rows, g and beta.
+    /// Rows of a token that pass 1 of the chunked form reads for one q/k head: q, k, then v, g
+    /// and beta of each of its v-heads.
     #[inline(always)]
-    pub(crate) fn prefetch_token_l2(
-        &self,
-        token: usize,
-        h: usize,
-        v_heads: impl Iterator<Item = usize>,
-    ) {
-        prefetch_l2(self.q.at(&[token, h]), self.k_dim * self.q.dtype.size());
-        prefetch_l2(self.k.at(&[token, h]), self.k_dim * self.k.dtype.size());
-        let g_row = if self.per_channel { self.k_dim * 4 } else { 4 };
-        for hv in v_heads {
-            prefetch_l2(self.v.at(&[token, hv]), self.v_dim * self.v.dtype.size());
-            prefetch_l2(self.g.at(&[token, hv]), g_row);
-            prefetch_l2(self.beta.at(&[token, hv]), 4);
+    pub(crate) fn pass1_rows(&self) -> usize {
+        2 + 3 * (self.v_heads / self.heads)
+    }
+
+    /// Prefetches into L2 row `row` (numbered as in [`Self::pass1_rows`]) of what pass 1 reads of
+    /// `token` for q/k head `h`.
+    #[inline(always)]
+    pub(crate) fn prefetch_pass1_row_l2(&self, token: usize, h: usize, row: usize) {
+        match row {
+            0 => prefetch_l2(self.q.at(&[token, h]), self.k_dim * self.q.dtype.size()),
+            1 => prefetch_l2(self.k.at(&[token, h]), self.k_dim * self.k.dtype.size()),
+            _ => {
+                let hv = self.v_head(h, (row - 2) / 3);
+                match (row - 2) % 3 {
+                    0 => prefetch_l2(self.v.at(&[token, hv]), self.v_dim * self.v.dtype.size()),
+                    1 => {
+                        let g_row = if self.per_channel { self.k_dim * 4 } else { 4 };
+                        prefetch_l2(self.g.at(&[token, hv]), g_row)
+                    }
+                    _ => prefetch_l2(self.beta.at(&[token, hv]), 4),
+                }
+            }
         }
     }
 

@@ -38,36 +38,18 @@ pub unsafe fn gemm<S: Simd>(
     accumulate: bool,
     lower: bool,
 ) {
-    unsafe {
-        if S::VECTORS_IN_REGISTERS >= 32 {
-            panels::<S, 4>(m, n, p, a, b, ldb, c, ldc, accumulate, lower)
-        } else {
-            panels::<S, 2>(m, n, p, a, b, ldb, c, ldc, accumulate, lower)
-        }
-    }
-}
-
-/// [`gemm`] in column panels of `NV` vectors, then single vectors, then scalar columns.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn panels<S: Simd, const NV: usize>(
-    m: usize,
-    n: usize,
-    p: usize,
-    a: MatA,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    lower: bool,
-) {
     let lanes = S::LANES;
+    // Vectors per column panel (a constant of `S`: the branches fold away).
+    let nv = if S::VECTORS_IN_REGISTERS >= 32 { 4 } else { 2 };
     let mut j = 0;
     unsafe {
-        while j + NV * lanes <= n {
-            rows::<S, NV>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
-            j += NV * lanes;
+        while j + nv * lanes <= n {
+            let (b_j, c_j) = (b.add(j), c.add(j));
+            match nv {
+                4 => rows::<S, 4>(m, p, a, b_j, ldb, c_j, ldc, accumulate, lower),
+                _ => rows::<S, 2>(m, p, a, b_j, ldb, c_j, ldc, accumulate, lower),
+            }
+            j += nv * lanes;
         }
         while j + lanes <= n {
             rows::<S, 1>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);

@@ -51,6 +51,12 @@ pub unsafe fn gemm<S: Simd>(
             }
             j += nv * lanes;
         }
+        if nv > 2 && j + 2 * lanes <= n {
+            // E.g. the 32- and 48-column bands of k k^T and q k^T: a 1-vector panel issues 7 loads
+            // (1 B vector, 6 broadcasts) per 6 FMAs, bound by the loads.
+            rows::<S, 2>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
+            j += 2 * lanes;
+        }
         while j + lanes <= n {
             rows::<S, 1>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
             j += lanes;
@@ -227,9 +233,11 @@ mod tests {
             (7, 16, 64),
             (64, 64, 64),
             (5, 3, 2),
-            // A 4-vector panel, then single vectors (AVX-512) or 2-vector panels (AVX2), then
-            // scalar columns.
+            // AVX-512: a 4-vector panel, then a single vector, then scalar columns; AVX2:
+            // 2-vector panels, then scalar columns.
             (9, 83, 17),
+            // AVX-512: 4-, 2- and 1-vector panels, then scalar columns.
+            (11, 115, 13),
         ] {
             for (transposed, lower, acc) in [
                 (false, false, false),

@@ -140,23 +140,32 @@ pub(crate) unsafe fn exp_in_place<S: Simd>(x: &mut [f32]) {
     unsafe { exp_rows::<S>(x.as_ptr(), x.as_mut_ptr(), x.len()) }
 }
 
-/// `x[i] *= d`.
+/// `dst[i] = src[i] * f` for `i < n`; `src` and `dst` may be the same floats.
+///
+/// # Safety
+/// The CPU supports `S`; each pointer addresses `n` floats.
+#[inline(always)]
+pub(crate) unsafe fn scale_into<S: Simd>(src: *const f32, f: f32, dst: *mut f32, n: usize) {
+    let mut j = 0;
+    unsafe {
+        let fv = S::splat(f);
+        while j + S::LANES <= n {
+            S::store_f32(dst.add(j), S::mul(S::load_f32(src.add(j)), fv));
+            j += S::LANES;
+        }
+        for i in j..n {
+            *dst.add(i) = *src.add(i) * f;
+        }
+    }
+}
+
+/// `x[i] *= d`, as [`scale_into`].
 ///
 /// # Safety
 /// The CPU supports `S`.
 #[inline(always)]
 pub(crate) unsafe fn scale_in_place<S: Simd>(x: &mut [f32], d: f32) {
-    let (n, l) = (x.len(), S::LANES);
-    let mut j = 0;
-    unsafe {
-        let dv = S::splat(d);
-        while j + l <= n {
-            let p = x.as_mut_ptr().add(j);
-            S::store_f32(p, S::mul(S::load_f32(p), dv));
-            j += l;
-        }
-    }
-    x[j..].iter_mut().for_each(|v| *v *= d);
+    unsafe { scale_into::<S>(x.as_ptr(), d, x.as_mut_ptr(), x.len()) }
 }
 
 /// `sum x[i]^2` in four vector partial sums (independent FMA chains, so a row's sum is not one

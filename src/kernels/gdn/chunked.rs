@@ -30,7 +30,8 @@ pub use crate::kernels::chunking::Chunk;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::gemm::{MatA, gemm};
 use crate::kernels::simd::{
-    Simd, exp_in_place, exp_into, load_row_simd, scale_in_place, store_row_simd, transpose,
+    Simd, exp_in_place, exp_into, load_row_simd, scale_in_place, scale_into, store_row_simd,
+    transpose,
 };
 
 const C: usize = CHUNK;
@@ -540,22 +541,6 @@ unsafe fn mul_rows<S: Simd>(x: *const f32, y: *const f32, f: f32, dst: *mut f32,
         while r < n {
             let xy = S::mul(S::load_f32(x.add(r)), S::load_f32(y.add(r)));
             S::store_f32(dst.add(r), S::mul(xy, f));
-            r += S::LANES;
-        }
-    }
-}
-
-/// `dst = src * f` over `n` floats (`n` a multiple of `S::LANES`).
-///
-/// # Safety
-/// Each pointer addresses `n` floats.
-#[inline(always)]
-unsafe fn scale_into<S: Simd>(src: *const f32, f: f32, dst: *mut f32, n: usize) {
-    let mut r = 0;
-    unsafe {
-        let f = S::splat(f);
-        while r < n {
-            S::store_f32(dst.add(r), S::mul(S::load_f32(src.add(r)), f));
             r += S::LANES;
         }
     }

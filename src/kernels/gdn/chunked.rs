@@ -3,13 +3,15 @@
 //! Within a chunk, with `G` the inclusive cumulative sum of `g` and `S0` the state at its start,
 //! the per-token recurrence is exactly
 //! `A = strict_lower(beta_i (k_i . k_j) e^(G_i - G_j))`, `T = (I + A)^-1`,
-//! `w = T (k * beta * e^G)`, `u = T (v * beta)`, `v' = u - w S0`,
+//! `v' = T (v * beta - (k * beta * e^G) S0)`,
 //! `o = (q * e^G) S0 + (q k^T o decay, lower incl. diagonal) v'`,
 //! `S = e^(G_last) S0 + (k * e^(G_last - G))^T v'`.
+//! (`T` is applied once, to the `C x V` right-hand side, rather than forming the WY factors
+//! `w = T (k beta e^G)` and `u = T (v beta)`: one lower-triangular GEMM less per chunk.)
 //! Pass 1 ([`intra`], per (chunk, q/k head), `k k^T` and `q k^T` shared by the v-heads of the
-//! group) stores per v-head `-w`, `u`, the masked `P = q k^T o decay`, `q e^G`, `k e^(G_last - G)`
-//! and `e^(G_last)` (see [`Layout`]); pass 2 ([`inter_chunk`]) carries the state of one
-//! (sequence, v-head) through a chunk with four GEMMs. With enough (sequence, q/k head) pairs for
+//! group) stores per v-head `x = -k * beta * e^G`, `T`, `y = v * beta`, the masked
+//! `P = q k^T o decay`, `q e^G`, `k e^(G_last - G)` and `e^(G_last)` (see [`Layout`]); pass 2
+//! ([`inter_chunk`]) carries the state of one (sequence, v-head) through a chunk with five GEMMs. With enough (sequence, q/k head) pairs for
 //! the threads, one task runs both passes chunk by chunk for a pair, each v-head's pass 2 right
 //! after its pass 1 ([`fused`]: its scratch stays in L2); otherwise pass 1 runs over all chunks in parallel and pass 2 per (sequence,
 //! v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the state stays f32 for the
@@ -45,8 +47,8 @@ const SUB: usize = 16;
 const FLUSH: f32 = 8.673_617e-19; // 2^-60
 
 /// Scratch layout of one wave of q/k heads `first_head .. first_head + heads`, in f32 elements,
-/// per chunk and v-head of those heads: `-w [C][K]`, `u [C][V]`, `P [C][C]`, `q e^G [C][Kp]`,
-/// `k e^(G_last - G) [C][Kp]` and `e^(G_last) [Kp]` (`Kp` = [`padded_k`]; one decay per row of
+/// per chunk and v-head of those heads: `x = -k beta e^G [C][Kp]`, `T [C][C]`, `y = v beta [C][V]`,
+/// `P [C][C]`, `q e^G [C][Kp]`, `k e^(G_last - G) [C][Kp]` and `e^(G_last) [Kp]` (`Kp` = [`padded_k`]; one decay per row of
 /// the state, the same for every row with a decay per v-head).
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
@@ -64,7 +66,7 @@ pub struct Layout {
 impl Layout {
     fn head_size(&self) -> usize {
         let kp = padded_k(self.k_dim);
-        C * self.k_dim + C * self.v_dim + C * C + (2 * C + 1) * kp
+        C * self.v_dim + 2 * C * C + (3 * C + 1) * kp
     }
     pub fn chunk_size(&self) -> usize {
         self.heads * self.slots * self.head_size()
@@ -73,15 +75,17 @@ impl Layout {
     fn head(&self, base: *mut f32, c: usize, h: usize, j: usize) -> HeadScratch {
         let kp = padded_k(self.k_dim);
         let slot = (h - self.first_head) * self.slots + j % self.slots;
-        let w = base.wrapping_add(c * self.chunk_size() + slot * self.head_size());
-        let u = w.wrapping_add(C * self.k_dim);
-        let p = u.wrapping_add(C * self.v_dim);
+        let x = base.wrapping_add(c * self.chunk_size() + slot * self.head_size());
+        let t = x.wrapping_add(C * kp);
+        let y = t.wrapping_add(C * C);
+        let p = y.wrapping_add(C * self.v_dim);
         let qg = p.wrapping_add(C * C);
         let kdec = qg.wrapping_add(C * kp);
         let elast = kdec.wrapping_add(C * kp);
         HeadScratch {
-            w,
-            u,
+            x,
+            t,
+            y,
             p,
             qg,
             kdec,
@@ -91,8 +95,9 @@ impl Layout {
 }
 
 pub struct HeadScratch {
-    w: *mut f32,
-    u: *mut f32,
+    x: *mut f32,
+    t: *mut f32,
+    y: *mut f32,
     p: *mut f32,
     qg: *mut f32,
     kdec: *mut f32,
@@ -143,28 +148,27 @@ fn carve<'a>(rest: &mut &'a mut [f32], n: usize) -> &'a mut [f32] {
 }
 
 /// What every pass-1 task works in, carved from its thread's task buffer: the normalised q and k
-/// rows of the chunk (`[C][Kp]`, zero past K), the masked `k k^T` and `T`. Each decay form
-/// carves the rest of its work after these (see [`PerHead`], [`PerChannel`]).
+/// rows of the chunk (`[C][Kp]`, zero past K) and the masked `k k^T`. Each decay form carves
+/// the rest of its work after these (see [`PerHead`], [`PerChannel`]).
 struct Work<'a> {
     q: &'a mut [f32],
     k: &'a mut [f32],
     kk: &'a mut [f32],
-    tinv: &'a mut [f32],
 }
 
 impl Work<'_> {
     fn floats(kp: usize) -> usize {
-        2 * C * kp + 2 * C * C
+        2 * C * kp + C * C
     }
 }
 
 /// Floats of task buffer [`intra`] works in.
 pub fn intra_floats(args: &DeltaRule) -> usize {
-    let (kp, vd) = (padded_k(args.k_dim), args.v_dim);
+    let kp = padded_k(args.k_dim);
     Work::floats(kp)
         + match args.per_channel {
-            true => PerChannel::floats(kp, vd),
-            false => PerHead::floats(args.k_dim, kp, vd),
+            true => PerChannel::floats(kp),
+            false => PerHead::floats(args.k_dim),
         }
 }
 
@@ -224,7 +228,6 @@ pub unsafe fn intra<S: Simd>(task: &Pass1, buf: &mut [f32], each_head: EachHead)
         q: carve(&mut rest, C * kp),
         k: carve(&mut rest, C * kp),
         kk: carve(&mut rest, C * C),
-        tinv: carve(&mut rest, C * C),
     };
     let mut next = NextChunk {
         args,
@@ -307,26 +310,20 @@ impl Pass1<'_> {
     }
 }
 
-/// The per-head form's work after [`Work`]: the masked `q k^T`, the right-hand sides
-/// `x = -k * beta * e^G` (`[C][Kp]`) and `y = v * beta` (`[C][V]`) of `w` and `u`, and `k^T`
-/// (`[K][C]`).
+/// The per-head form's work after [`Work`]: the masked `q k^T` and `k^T` (`[K][C]`).
 struct PerHead<'a> {
     qk: &'a mut [f32],
-    x: &'a mut [f32],
-    y: &'a mut [f32],
     kt: &'a mut [f32],
 }
 
 impl<'a> PerHead<'a> {
-    fn floats(kd: usize, kp: usize, vd: usize) -> usize {
-        C * C + C * kp + C * vd + kd * C
+    fn floats(kd: usize) -> usize {
+        C * C + kd * C
     }
 
-    fn carve(mut rest: &'a mut [f32], kd: usize, kp: usize, vd: usize) -> PerHead<'a> {
+    fn carve(mut rest: &'a mut [f32], kd: usize) -> PerHead<'a> {
         PerHead {
             qk: carve(&mut rest, C * C),
-            x: carve(&mut rest, C * kp),
-            y: carve(&mut rest, C * vd),
             kt: carve(&mut rest, kd * C),
         }
     }
@@ -349,8 +346,8 @@ unsafe fn intra_per_head<S: Simd>(
     let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
-    let Work { q, k, kk, tinv } = work;
-    let PerHead { qk, x, y, kt } = PerHead::carve(rest, kd, kp, args.v_dim);
+    let Work { q, k, kk } = work;
+    let PerHead { qk, kt } = PerHead::carve(rest, kd);
     unsafe { transpose(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
     // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
     // the band's end (about 60% of the full products).
@@ -406,6 +403,7 @@ unsafe fn intra_per_head<S: Simd>(
         }
         unsafe { exp_into::<S>(&diff[..m], &mut etail[..m]) };
         let p = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
+        let tinv = unsafe { std::slice::from_raw_parts_mut(hs.t, C * C) };
         tinv.fill(0.0);
         for i in 0..m {
             let rows = [&qk[i * C..(i + 1) * C], &kk[i * C..(i + 1) * C]];
@@ -417,12 +415,12 @@ unsafe fn intra_per_head<S: Simd>(
             for i in 0..m {
                 let (qi, ki) = (q[i * kp..].as_ptr(), k[i * kp..].as_ptr());
                 next.rows(2);
-                scale_into::<S>(ki, -beta[i] * eg[i], x[i * kp..].as_mut_ptr(), kp);
+                scale_into::<S>(ki, -beta[i] * eg[i], hs.x.add(i * kp), kp);
                 scale_into::<S>(qi, eg[i], hs.qg.add(i * kp), kp);
                 scale_into::<S>(ki, etail[i], hs.kdec.add(i * kp), kp);
             }
             std::slice::from_raw_parts_mut(hs.elast, kp).fill(glast.exp());
-            store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), y, &beta[..m]);
+            store_y::<S>(args, chunk, hv, &hs, &beta[..m]);
             each(j, &hs);
         }
     }
@@ -482,27 +480,22 @@ unsafe fn decay_rows<S: Simd>(
     }
 }
 
-/// `-w = T x` and `u = T (v * beta)` into a v-head's scratch, from `x = -k * beta * e^G` (rows
-/// `ldx` apart) and `T = (I + A)^-1` (`C` columns); `y` is `[C][V]` room for `v * beta`.
+/// `y = v * beta` into a v-head's scratch.
 ///
 /// # Safety
 /// As for [`intra`]; `hs` is v-head `hv`'s scratch of this chunk.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn store_wu<S: Simd>(
+unsafe fn store_y<S: Simd>(
     args: &DeltaRule,
     chunk: Chunk,
     hv: usize,
     hs: &HeadScratch,
-    tinv: &[f32],
-    (x, ldx): (&[f32], usize),
-    y: &mut [f32],
     beta: &[f32],
 ) {
-    let (kd, vd, m) = (args.k_dim, args.v_dim, chunk.len);
+    let vd = args.v_dim;
     for (i, &b) in beta.iter().enumerate() {
         args.prefetch_v(chunk.start + i + PREFETCH_TOKENS, hv, false);
-        let row = &mut y[i * vd..(i + 1) * vd];
+        let row = unsafe { std::slice::from_raw_parts_mut(hs.y.add(i * vd), vd) };
         unsafe {
             load_row_simd::<S>(
                 args.v.at(&[chunk.start + i, hv]),
@@ -512,15 +505,6 @@ unsafe fn store_wu<S: Simd>(
             )
         };
         row.iter_mut().for_each(|v| *v *= b);
-    }
-    let t = MatA {
-        ptr: tinv.as_ptr(),
-        row_stride: C,
-        col_stride: 1,
-    };
-    unsafe {
-        gemm::<S>(m, kd, m, t, x.as_ptr(), ldx, hs.w, kd, false, true);
-        gemm::<S>(m, vd, m, t, y.as_ptr(), vd, hs.u, vd, false, true);
     }
 }
 
@@ -630,32 +614,31 @@ unsafe fn diagonal_block<S: Simd, const NB: usize>(
     }
 }
 
-/// The per-channel form's work after [`Work`]. Per token `a = e^g` (`1` in the padding lanes),
-/// then `y = v * beta` (`[C][V]`, once `a` is spent); the running products
-/// `rowf = e^(G_i - G_(n-1))` of a sub-chunk (from its start `n`, `SUB` rows) and the column
-/// factors of its GEMM (the tokens before the last sub-chunk) side by side, then
-/// `x = -k * beta * e^G` (`[C][Kp]`); one running row; `[k | q] * rowf` of a sub-chunk
+/// The per-channel form's work after [`Work`]. Per token `a = e^g` (`1` in the padding lanes);
+/// the running products `rowf = e^(G_i - G_(n-1))` of a sub-chunk (from its start `n`, `SUB`
+/// rows) and the column factors of its GEMM (the tokens before the last sub-chunk) side by side
+/// (`[C][Kp]`); one running row; `[k | q] * rowf` of a sub-chunk
 /// (`2*SUB x Kp`), then its products with the columns (`C x 2*SUB`); and its transpose.
 /// `q k^T` is summed straight into the scratch's `P`. Nothing has room of its own once dead:
 /// every float less live here is one more of the chunk's scratch, state and prefetched rows
 /// kept in L2 (measured: with 64 KiB more live, the GEMMs and row loads ran 8-15% slower).
 struct PerChannel<'a> {
-    a_y: &'a mut [f32],
-    rowf_cols_x: &'a mut [f32],
+    a: &'a mut [f32],
+    rowf_cols: &'a mut [f32],
     run: &'a mut [f32],
     kq_rows: &'a mut [f32],
     bt: &'a mut [f32],
 }
 
 impl<'a> PerChannel<'a> {
-    fn floats(kp: usize, vd: usize) -> usize {
-        C * kp.max(vd) + C * kp + kp + (2 * SUB * kp).max(C * 2 * SUB) + kp * 2 * SUB
+    fn floats(kp: usize) -> usize {
+        2 * C * kp + kp + (2 * SUB * kp).max(C * 2 * SUB) + kp * 2 * SUB
     }
 
-    fn carve(mut rest: &'a mut [f32], kp: usize, vd: usize) -> PerChannel<'a> {
+    fn carve(mut rest: &'a mut [f32], kp: usize) -> PerChannel<'a> {
         PerChannel {
-            a_y: carve(&mut rest, C * kp.max(vd)),
-            rowf_cols_x: carve(&mut rest, C * kp),
+            a: carve(&mut rest, C * kp),
+            rowf_cols: carve(&mut rest, C * kp),
             run: carve(&mut rest, kp),
             kq_rows: carve(&mut rest, (2 * SUB * kp).max(C * 2 * SUB)),
             bt: carve(&mut rest, kp * 2 * SUB),
@@ -680,19 +663,14 @@ unsafe fn intra_per_channel<S: Simd>(
     let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
-    let Work {
-        q: qp,
-        k: kpd,
-        kk,
-        tinv,
-    } = work;
+    let Work { q: qp, k: kpd, kk } = work;
     let PerChannel {
-        a_y,
-        rowf_cols_x,
+        a,
+        rowf_cols,
         run,
         kq_rows,
         bt,
-    } = PerChannel::carve(rest, kp, args.v_dim);
+    } = PerChannel::carve(rest, kp);
     let mut a_row = [0f32; C];
     let mut beta = [0f32; C];
     for j in 0..layout.group {
@@ -700,7 +678,6 @@ unsafe fn intra_per_channel<S: Simd>(
         let hs = task.head(j);
         // q k^T o decay goes straight into P (lower incl. the diagonal; zero up to column m).
         let qk = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
-        let a = &mut *a_y;
         unsafe {
             // All rows first, then their exps: the row loads (a page apart, mostly from memory)
             // are then independent and overlap, where an exp between them kept a few in flight.
@@ -714,7 +691,7 @@ unsafe fn intra_per_channel<S: Simd>(
                 next.rows(2);
             }
             let ap = a.as_ptr();
-            let (rowf, cols) = rowf_cols_x.split_at_mut(SUB * kp);
+            let (rowf, cols) = rowf_cols.split_at_mut(SUB * kp);
             let mut n = 0;
             while n < m {
                 let rs = SUB.min(m - n);
@@ -786,9 +763,8 @@ unsafe fn intra_per_channel<S: Simd>(
                 }
                 n += rs;
             }
-            // The sub-chunk rows are spent: x takes their room. e^G_i = a_0 ... a_i, a running
-            // row: q e^G, -beta k e^G and e^(G_last).
-            let (x, e) = (rowf_cols_x.as_mut_ptr(), run.as_mut_ptr());
+            // e^G_i = a_0 ... a_i, a running row: q e^G, -beta k e^G and e^(G_last).
+            let e = run.as_mut_ptr();
             std::ptr::copy_nonoverlapping(ap, e, kp);
             for i in 0..m {
                 if i > 0 {
@@ -797,7 +773,7 @@ unsafe fn intra_per_channel<S: Simd>(
                 let (q, k) = (qp.as_ptr(), kpd.as_ptr());
                 next.rows(1);
                 mul_rows::<S>(q.add(i * kp), e, 1.0, hs.qg.add(i * kp), kp);
-                mul_rows::<S>(k.add(i * kp), e, -beta[i], x.add(i * kp), kp);
+                mul_rows::<S>(k.add(i * kp), e, -beta[i], hs.x.add(i * kp), kp);
             }
             std::ptr::copy_nonoverlapping(e, hs.elast, kp);
             // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
@@ -816,6 +792,7 @@ unsafe fn intra_per_channel<S: Simd>(
             }
         }
         // P's upper part; T row by row from A = beta_i (k k^T o decay).
+        let tinv = unsafe { std::slice::from_raw_parts_mut(hs.t, C * C) };
         tinv.fill(0.0);
         for i in 0..m {
             qk[i * C + i + 1..i * C + m].fill(0.0);
@@ -825,9 +802,7 @@ unsafe fn intra_per_channel<S: Simd>(
             next.rows(1);
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
         }
-        // `a` is spent: y takes its room.
-        let x = &rowf_cols_x[..];
-        unsafe { store_wu::<S>(args, chunk, hv, &hs, tinv, (x, kp), a_y, &beta[..m]) };
+        unsafe { store_y::<S>(args, chunk, hv, &hs, &beta[..m]) };
         each(j, &hs);
     }
 }
@@ -852,7 +827,7 @@ pub unsafe fn inter<S: Simd>(
     let (kd, vd) = (args.k_dim, args.v_dim);
     let (h, j) = (args.qk_head(hv), args.member(hv));
     let mut buf = TaskBuffer::take(kd * vd + C * vd);
-    let (s, o) = buf.split_at_mut(kd * vd);
+    let (s, vn) = buf.split_at_mut(kd * vd);
     unsafe {
         load_state::<S>(args, seq, hv, s);
         for (ci, &chunk) in chunks.iter().enumerate() {
@@ -863,7 +838,7 @@ pub unsafe fn inter<S: Simd>(
                     .head(scratch, first + ci + 1, h, j)
                     .prefetch(args, next.len);
             }
-            (steps.inter)(args, &hs, s, o, chunk, hv);
+            (steps.inter)(args, &hs, s, vn, chunk, hv);
         }
         store_state::<S>(args, seq, hv, s);
     }
@@ -898,7 +873,7 @@ pub unsafe fn fused<S: Simd>(
     let states = group * kd * vd;
     let mut buf = TaskBuffer::take(states + C * vd + layout.chunk_size() + intra_floats(args));
     let mut rest = &mut buf[..];
-    let (states, o) = (carve(&mut rest, states), carve(&mut rest, C * vd));
+    let (states, vn) = (carve(&mut rest, states), carve(&mut rest, C * vd));
     let scratch = carve(&mut rest, layout.chunk_size()).as_mut_ptr();
     unsafe {
         for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
@@ -907,7 +882,7 @@ pub unsafe fn fused<S: Simd>(
         for &chunk in chunks {
             let mut inter = |j: usize, hs: &HeadScratch| {
                 let s = &mut states[j * kd * vd..(j + 1) * kd * vd];
-                (steps.inter)(args, hs, s, o, chunk, args.v_head(h, j))
+                (steps.inter)(args, hs, s, vn, chunk, args.v_head(h, j))
             };
             let task = Pass1 {
                 args,
@@ -962,9 +937,10 @@ unsafe fn store_state<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize, s: &
 impl HeadScratch {
     /// Asks for what [`inter_chunk`] reads of a chunk of `m` tokens into L2.
     fn prefetch(&self, args: &DeltaRule, m: usize) {
-        let (kd, vd, kp) = (args.k_dim, args.v_dim, padded_k(args.k_dim));
-        prefetch_l2(self.w.cast(), m * kd * 4);
-        prefetch_l2(self.u.cast(), m * vd * 4);
+        let (vd, kp) = (args.v_dim, padded_k(args.k_dim));
+        prefetch_l2(self.x.cast(), m * kp * 4);
+        prefetch_l2(self.t.cast(), m * C * 4);
+        prefetch_l2(self.y.cast(), m * vd * 4);
         prefetch_l2(self.p.cast(), m * C * 4);
         prefetch_l2(self.qg.cast(), m * kp * 4);
         prefetch_l2(self.kdec.cast(), m * kp * 4);
@@ -972,7 +948,7 @@ impl HeadScratch {
 }
 
 /// Pass 2 of one chunk for v-head `hv`: its output rows from the state `s` (`[K][V]`) and the
-/// chunk's scratch `hs`, then the state carried past the chunk; `o` is `[C][V]` room.
+/// chunk's scratch `hs`, then the state carried past the chunk; `vn` is `[C][V]` room for `v'`.
 ///
 /// # Safety
 /// Pass 1 has filled `hs`; this task alone writes the chunk's output rows of `hv`.
@@ -981,75 +957,60 @@ pub unsafe fn inter_chunk<S: Simd>(
     args: &DeltaRule,
     hs: &HeadScratch,
     s: &mut [f32],
-    o: &mut [f32],
+    vn: &mut [f32],
     chunk: Chunk,
     hv: usize,
 ) {
     let (kd, vd, kp, m) = (args.k_dim, args.v_dim, padded_k(args.k_dim), chunk.len);
     let out = &args.out;
     if out.strides[2] == 1 {
-        // The chunk's output rows, a page apart, are stored after two GEMMs.
+        // The chunk's output rows, a page apart, are stored after four GEMMs.
         for i in 0..m {
             prefetch_l2(out.at(&[chunk.start + i, hv]), vd * out.dtype.size());
         }
     }
+    let rows = |ptr: *const f32, row_stride: usize| MatA {
+        ptr,
+        row_stride,
+        col_stride: 1,
+    };
     unsafe {
-        // v' = u + (-w) S, in place over u.
+        // z = y + x S, in place over y; v' = T z.
         gemm::<S>(
             m,
             vd,
             kd,
-            MatA {
-                ptr: hs.w,
-                row_stride: kd,
-                col_stride: 1,
-            },
+            rows(hs.x, kp),
             s.as_ptr(),
             vd,
-            hs.u,
+            hs.y,
             vd,
             true,
             false,
         );
-        // o = (q e^G) S + P v'.
+        let t = rows(hs.t, C);
+        gemm::<S>(m, vd, m, t, hs.y, vd, vn.as_mut_ptr(), vd, false, true);
+        // o = (q e^G) S + P v', over the spent z.
+        let o = hs.y;
         gemm::<S>(
             m,
             vd,
             kd,
-            MatA {
-                ptr: hs.qg,
-                row_stride: kp,
-                col_stride: 1,
-            },
+            rows(hs.qg, kp),
             s.as_ptr(),
             vd,
-            o.as_mut_ptr(),
+            o,
             vd,
             false,
             false,
         );
-        gemm::<S>(
-            m,
-            vd,
-            m,
-            MatA {
-                ptr: hs.p,
-                row_stride: C,
-                col_stride: 1,
-            },
-            hs.u,
-            vd,
-            o.as_mut_ptr(),
-            vd,
-            true,
-            true,
-        );
-        for (i, row) in o.chunks_exact(vd).take(m).enumerate() {
+        gemm::<S>(m, vd, m, rows(hs.p, C), vn.as_ptr(), vd, o, vd, true, true);
+        for i in 0..m {
             store_row_simd::<S>(
                 out.at(&[chunk.start + i, hv]),
                 out.dtype,
                 out.strides[2],
-                row,
+                std::slice::from_raw_parts(o.add(i * vd), vd),
             );
         }
         // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay.
@@ -1057,16 +1018,17 @@ pub unsafe fn inter_chunk<S: Simd>(
         for (row, &d) in s.chunks_exact_mut(vd).zip(elast) {
             scale_in_place::<S>(row, d);
         }
+        let kdec_t = MatA {
+            ptr: hs.kdec,
+            row_stride: 1,
+            col_stride: kp,
+        };
         gemm::<S>(
             kd,
             vd,
             m,
-            MatA {
-                ptr: hs.kdec,
-                row_stride: 1,
-                col_stride: kp,
-            },
-            hs.u,
+            kdec_t,
+            vn.as_ptr(),
             vd,
             s.as_mut_ptr(),
             vd,

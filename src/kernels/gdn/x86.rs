@@ -54,11 +54,11 @@ macro_rules! entry_points {
                 args: &DeltaRule,
                 hs: &HeadScratch,
                 s: &mut [f32],
-                o: &mut [f32],
+                vn: &mut [f32],
                 chunk: Chunk,
                 hv: usize,
             ) {
-                unsafe { chunked::inter_chunk::<$simd>(args, hs, s, o, chunk, hv) }
+                unsafe { chunked::inter_chunk::<$simd>(args, hs, s, vn, chunk, hv) }
             }
 
             const STEPS: Steps = Steps { intra: intra_step, inter: inter_step };

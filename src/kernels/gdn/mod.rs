@@ -37,7 +37,7 @@ pub use crate::kernels::{Path, Sequence, StateWrite};
 use crate::runtime::{Context, Isa};
 
 /// Tokens per chunk of the WY form.
-pub(crate) const CHUNK: usize = 64;
+pub(crate) const CHUNK: usize = 16;
 
 /// Sequences shorter than this take the recurrence even in prefill (measured crossover).
 pub(crate) const RECURRENT_MAX_LEN: usize = 24;

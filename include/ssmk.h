@@ -416,9 +416,8 @@ int32_t ssmk_kda_gating(const ssmk_context *ctx,
  * (Gated DeltaNet) `a_t` scales the whole state; with `g` `[T, HV, K]` (Kimi Delta Attention)
  * `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. Log-decays below about -87
  * act as -87 (`exp` is clamped to the smallest normal float, never 0, NaN or inf); `g > 0` is
- * unspecified. Long sequences use the chunked WY form (chunks of 64 tokens; per-channel decays in
- * sub-chunks of 16 that only ever exponentiate or multiply decays <= 1), short ones the
- * recurrence; both agree with the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
+ * unspecified. Long sequences use the chunked WY form (chunks of 16 tokens; with per-channel
+ * decays it only ever exponentiates or multiplies decays <= 1), short ones the recurrence; both agree with the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
  * state is rounded once per sequence (once per token in speculative mode). Results are bitwise
  * identical for any thread count, and a sequence's results do not depend on the others in the call.
  *
@@ -432,9 +431,9 @@ int32_t ssmk_kda_gating(const ssmk_context *ctx,
  * must then be NULL or all false).
  *
  * Memory: sequences of 24 tokens or more take the chunked form, which needs scratch of about
- * `(2K + HV/H (K + V + 65)) * 256` bytes per 64-token chunk for each q/k head processed at once
- * (`(2K + HV/H (3K + V + 65)) * 256` with per-channel decays)
- * (heads are processed in waves, only as many as keep the threads busy). Up to 64 MiB of it is
+ * `HV/H (3K' + K'/16 + V + 32) * 4` bytes per token for each q/k head processed at once (`K'`: K
+ * rounded up to a multiple of 16; heads are processed in waves, only as many as keep the threads
+ * busy). Up to 64 MiB of it is
  * kept by the calling thread for its next call; nothing else is allocated per token.
  *
  * Speculative mode (`num_accepted_tokens` non-NULL; `state_indices` `[B, Smax]` required): with

@@ -18,14 +18,12 @@
 //! whole sequence.
 //!
 //! Per-channel decays (KDA) make `G` a `K`-vector per token, so `e^(G_i - G_j)` no longer factors
-//! out of `k k^T`, and `e^(+G)` of a chunk (up to `e^(64*20)`) cannot be formed. [`intra`] then
+//! out of `k k^T`, and `e^(+G)` of a chunk (up to `e^(16*20)`) cannot be formed. [`intra`] then
 //! works from the per-token decays `a = e^g <= 1` only: every factor it forms is a product of
 //! consecutive `a`s (so `<= 1`, accurate to a few ulps, never a difference of large cumulative
-//! sums). The chunk is cut into sub-chunks of [`SUB`] tokens; for rows of sub-chunk `I` (from
-//! token `n`) and columns `j < n`, `e^(G_i - G_j) = e^(G_i - G_(n-1)) e^(G_(n-1) - G_j)`, both
-//! factors `<= 1`, so those blocks of `k k^T` and `q k^T` are one GEMM per sub-chunk; the
-//! diagonal blocks are summed pair by pair with the running product; `q e^G`, `k e^(G_last - G)`
-//! and `e^(G_last)` are running products too, one decay per row of the state.
+//! sums). `k k^T` and `q k^T` are summed pair by pair with the running product (`C (C+1) / 2`
+//! pairs, few at `C = 16`); `q e^G`, `k e^(G_last - G)` and `e^(G_last)` are running products
+//! too, one decay per row of the state.
 
 use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2};
 pub use crate::kernels::chunking::Chunk;
@@ -37,10 +35,6 @@ use crate::kernels::simd::{
 };
 
 const C: usize = CHUNK;
-
-/// Tokens per sub-chunk of the per-channel form: the diagonal blocks cost `SUB (SUB+1) / 2` pair
-/// sums each, the off-diagonal ones are GEMMs of `2 * SUB` columns (q and k rows side by side).
-const SUB: usize = 16;
 
 /// Decays below this flush to zero in running products, which would otherwise reach denormals
 /// (slow on some CPUs) for fast-decaying channels; the error is below `2^-60` absolute.
@@ -556,26 +550,25 @@ unsafe fn product_rows<S: Simd>(e: *const f32, a: *const f32, dst: *mut f32, n: 
     }
 }
 
-/// The diagonal block of the sub-chunk of `rs` tokens from `n`: for `n <= jj <= i < n + rs`,
-/// with `e = a_(jj+1) ... a_i` (flushed, a running product over `i`),
-/// `kk[i][jj] = k_i . (k_jj e)` and `qk[i][jj] = q_i . (k_jj e)`. Rows are `kp` floats (a
-/// multiple of `S::LANES`), taken `NB` vectors at a time with `e` and `k_jj` held in registers:
-/// with them in memory, the pair loop was bound by its loads and stores at half the FMA rate.
+/// The lower triangles (incl. the diagonal) of the chunk's `m` tokens: for `jj <= i < m`, with
+/// `e = a_(jj+1) ... a_i` (flushed, a running product over `i`), `kk[i][jj] = k_i . (k_jj e)` and
+/// `qk[i][jj] = q_i . (k_jj e)`. Rows are `kp` floats (a multiple of `S::LANES`), taken `NB`
+/// vectors at a time with `e` and `k_jj` held in registers: with them in memory, the pair loop
+/// was bound by its loads and stores at half the FMA rate.
 ///
 /// # Safety
-/// `a`, `k` and `q` address rows `n .. n + rs` of `kp` floats; `rs <= SUB`.
+/// `a`, `k` and `q` address `m <= C` rows of `kp` floats.
 #[inline(always)]
-unsafe fn diagonal_block<S: Simd, const NB: usize>(
+unsafe fn pair_products<S: Simd, const NB: usize>(
     [a, k, q]: [*const f32; 3],
     kp: usize,
-    n: usize,
-    rs: usize,
+    m: usize,
     kk: &mut [f32],
     qk: &mut [f32],
 ) {
     let l = S::LANES;
-    for jj in n..n + rs {
-        let mut sums = [[0f32; 2]; SUB];
+    for jj in 0..m {
+        let mut sums = [[0f32; 2]; C];
         let mut b = 0;
         while b < kp {
             let nv = NB.min((kp - b) / l);
@@ -588,7 +581,7 @@ unsafe fn diagonal_block<S: Simd, const NB: usize>(
                         *kv = S::load_f32(k.add(jj * kp + b + v * l));
                     }
                 }
-                for (i, sum) in (jj..n + rs).zip(sums.iter_mut()) {
+                for (i, sum) in (jj..m).zip(sums.iter_mut()) {
                     let row = i * kp + b;
                     let mut acc = [S::zero(); 2];
                     for (v, (ev, kv)) in e.iter_mut().zip(kj).enumerate() {
@@ -607,41 +600,29 @@ unsafe fn diagonal_block<S: Simd, const NB: usize>(
             }
             b += nv * l;
         }
-        for (i, sum) in (jj..n + rs).zip(sums) {
+        for (i, sum) in (jj..m).zip(sums) {
             kk[i * C + jj] = sum[0];
             qk[i * C + jj] = sum[1];
         }
     }
 }
 
-/// The per-channel form's work after [`Work`]. Per token `a = e^g` (`1` in the padding lanes);
-/// the running products `rowf = e^(G_i - G_(n-1))` of a sub-chunk (from its start `n`, `SUB`
-/// rows) and the column factors of its GEMM (the tokens before the last sub-chunk) side by side
-/// (`[C][Kp]`); one running row; `[k | q] * rowf` of a sub-chunk
-/// (`2*SUB x Kp`), then its products with the columns (`C x 2*SUB`); and its transpose.
-/// `q k^T` is summed straight into the scratch's `P`. Nothing has room of its own once dead:
-/// every float less live here is one more of the chunk's scratch, state and prefetched rows
-/// kept in L2 (measured: with 64 KiB more live, the GEMMs and row loads ran 8-15% slower).
+/// The per-channel form's work after [`Work`]: per token `a = e^g` (`[C][Kp]`, `1` in the
+/// padding lanes) and one running row.
 struct PerChannel<'a> {
     a: &'a mut [f32],
-    rowf_cols: &'a mut [f32],
     run: &'a mut [f32],
-    kq_rows: &'a mut [f32],
-    bt: &'a mut [f32],
 }
 
 impl<'a> PerChannel<'a> {
     fn floats(kp: usize) -> usize {
-        2 * C * kp + kp + (2 * SUB * kp).max(C * 2 * SUB) + kp * 2 * SUB
+        C * kp + kp
     }
 
     fn carve(mut rest: &'a mut [f32], kp: usize) -> PerChannel<'a> {
         PerChannel {
             a: carve(&mut rest, C * kp),
-            rowf_cols: carve(&mut rest, C * kp),
             run: carve(&mut rest, kp),
-            kq_rows: carve(&mut rest, (2 * SUB * kp).max(C * 2 * SUB)),
-            bt: carve(&mut rest, kp * 2 * SUB),
         }
     }
 }
@@ -664,13 +645,7 @@ unsafe fn intra_per_channel<S: Simd>(
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let Work { q: qp, k: kpd, kk } = work;
-    let PerChannel {
-        a,
-        rowf_cols,
-        run,
-        kq_rows,
-        bt,
-    } = PerChannel::carve(rest, kp);
+    let PerChannel { a, run } = PerChannel::carve(rest, kp);
     let mut a_row = [0f32; C];
     let mut beta = [0f32; C];
     for j in 0..layout.group {
@@ -691,77 +666,11 @@ unsafe fn intra_per_channel<S: Simd>(
                 next.rows(2);
             }
             let ap = a.as_ptr();
-            let (rowf, cols) = rowf_cols.split_at_mut(SUB * kp);
-            let mut n = 0;
-            while n < m {
-                let rs = SUB.min(m - n);
-                // rowf_(n+cc) = a_n ... a_(n+cc) over the sub-chunk, row cc.
-                let rf = rowf.as_mut_ptr();
-                std::ptr::copy_nonoverlapping(ap.add(n * kp), rf, kp);
-                for cc in 1..rs {
-                    let i = n + cc;
-                    product_rows::<S>(rf.add((cc - 1) * kp), ap.add(i * kp), rf.add(cc * kp), kp);
-                }
-                if n > 0 {
-                    // Columns j < n: k_j a_(j+1) ... a_(n-1); rows: [k_i | q_i] rowf_i.
-                    run.fill(1.0);
-                    for jj in (0..n).rev() {
-                        if jj + 1 < n {
-                            product_rows::<S>(
-                                run.as_ptr(),
-                                ap.add((jj + 1) * kp),
-                                run.as_mut_ptr(),
-                                kp,
-                            );
-                        }
-                        mul_rows::<S>(
-                            kpd.as_ptr().add(jj * kp),
-                            run.as_ptr(),
-                            1.0,
-                            cols.as_mut_ptr().add(jj * kp),
-                            kp,
-                        );
-                    }
-                    // Rows of kq_rows past `rs` (so columns of bt) keep stale finite values:
-                    // their products are never read.
-                    for cc in 0..rs {
-                        let i = n + cc;
-                        for (src, row) in [(kpd.as_ptr(), cc), (qp.as_ptr(), SUB + cc)] {
-                            let dst = kq_rows.as_mut_ptr().add(row * kp);
-                            mul_rows::<S>(src.add(i * kp), rf.add(cc * kp), 1.0, dst, kp);
-                        }
-                    }
-                    transpose(kq_rows.as_ptr(), kp, bt.as_mut_ptr(), 2 * SUB, 2 * SUB, kd);
-                    let cols_a = MatA {
-                        ptr: cols.as_ptr(),
-                        row_stride: kp,
-                        col_stride: 1,
-                    };
-                    // The products overwrite the spent `[k | q] * rowf` rows.
-                    let kq = kq_rows.as_mut_ptr();
-                    gemm::<S>(
-                        n,
-                        2 * SUB,
-                        kd,
-                        cols_a,
-                        bt.as_ptr(),
-                        2 * SUB,
-                        kq,
-                        2 * SUB,
-                        false,
-                        false,
-                    );
-                    // kk[n + cc][jj] = kq[jj][cc], qk[n + cc][jj] = kq[jj][SUB + cc].
-                    transpose(kq, 2 * SUB, kk[n * C..].as_mut_ptr(), C, n, rs);
-                    transpose(kq.add(SUB), 2 * SUB, qk[n * C..].as_mut_ptr(), C, n, rs);
-                }
-                // The diagonal block, pair by pair; half the vector registers for e and k_j.
-                let rows = [ap, kpd.as_ptr(), qp.as_ptr()];
-                match S::VECTORS_IN_REGISTERS >= 32 {
-                    true => diagonal_block::<S, 8>(rows, kp, n, rs, kk, qk),
-                    false => diagonal_block::<S, 4>(rows, kp, n, rs, kk, qk),
-                }
-                n += rs;
+            // k k^T and q k^T o decay, pair by pair; half the vector registers for e and k_j.
+            let rows = [ap, kpd.as_ptr(), qp.as_ptr()];
+            match S::VECTORS_IN_REGISTERS >= 32 {
+                true => pair_products::<S, 8>(rows, kp, m, kk, qk),
+                false => pair_products::<S, 4>(rows, kp, m, kk, qk),
             }
             // e^G_i = a_0 ... a_i, a running row: q e^G, -beta k e^G and e^(G_last).
             let e = run.as_mut_ptr();

@@ -1,14 +1,37 @@
-//! Register-blocked f32 GEMM for the small fixed shapes of the chunked form (64x64, 64xK, KxV):
-//! `C (+)= A B` with `A` addressed through row and column strides (so a transposed operand costs
-//! nothing: its elements are broadcast one by one) and `B`, `C` row-major. The micro-tile is
-//! `MR` rows x `NV * LANES` columns, as many accumulators as the register file leaves room for:
-//! 6 x 16 on AVX2 (12 accumulators, 2 B vectors, 1 broadcast of 16 registers) and 6 x 64 on
-//! AVX-512 (24 accumulators, 4 B vectors, 1 broadcast of 32: per B row loaded, twice the FMAs of
-//! 6 x 32, which measured 7-8% faster on a whole Gated DeltaNet prefill).
+//! Register-blocked f32 GEMM for the small fixed shapes of the chunked form (C x C, C x K and
+//! K x V for chunks of C tokens): `C (+)= A B` with `A` addressed through row and column strides
+//! (so a transposed operand costs nothing: its elements are broadcast one by one) and `B`, `C`
+//! row-major. The micro-tile is `MR` rows x `NV * LANES` columns, as many accumulators as the
+//! register file leaves room for: 6 x 16 on AVX2 (12 accumulators, 2 B vectors, 1 broadcast of 16
+//! registers) and 6 x 64 on AVX-512 (24 accumulators, 4 B vectors, 1 broadcast of 32: per B row
+//! loaded, twice the FMAs of 6 x 32, which measured 7-8% faster on a whole Gated DeltaNet
+//! prefill).
 
 use crate::kernels::simd::Simd;
 
 const MR: usize = 6;
+
+/// What C holds before the product is added to it.
+#[derive(Clone, Copy)]
+pub enum Start {
+    /// `C = A B`.
+    Zero,
+    /// `C += A B`.
+    C,
+    /// `C = diag(d) C + A B`, `d[i]` the factor of row `i`: a state's decay applied as the tile
+    /// loads its rows, rather than in a pass of its own over C.
+    DecayedC(*const f32),
+}
+
+impl Start {
+    /// The start of the rows from `i` on.
+    fn at_row(self, i: usize) -> Start {
+        match self {
+            Start::DecayedC(d) => Start::DecayedC(d.wrapping_add(i)),
+            s => s,
+        }
+    }
+}
 
 /// `A` element `(i, l)` lives at `ptr + i * row_stride + l * col_stride`.
 #[derive(Clone, Copy)]
@@ -18,12 +41,13 @@ pub struct MatA {
     pub col_stride: usize,
 }
 
-/// `C[m x n] = (accumulate ? C : 0) + A[m x p] B[p x n]`. With `lower`, `A[i][l]` is zero for
+/// `C[m x n] = start + A[m x p] B[p x n]` (see [`Start`]). With `lower`, `A[i][l]` is zero for
 /// `l > i` and those products are skipped (the zeros must still be stored for `l < p`).
 ///
 /// # Safety
 /// Every addressed element of A (`i < m`, `l < p`), B (`l < p`, `j < n`, row stride `ldb`) and
-/// C (`i < m`, `j < n`, row stride `ldc`) must be valid; C must not overlap A or B.
+/// C (`i < m`, `j < n`, row stride `ldc`) must be valid, and with [`Start::DecayedC`] its `m`
+/// factors; C must not overlap A or B.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm<S: Simd>(
@@ -35,7 +59,7 @@ pub unsafe fn gemm<S: Simd>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    accumulate: bool,
+    start: Start,
     lower: bool,
 ) {
     let lanes = S::LANES;
@@ -46,23 +70,23 @@ pub unsafe fn gemm<S: Simd>(
         while j + nv * lanes <= n {
             let (b_j, c_j) = (b.add(j), c.add(j));
             match nv {
-                4 => rows::<S, 4>(m, p, a, b_j, ldb, c_j, ldc, accumulate, lower),
-                _ => rows::<S, 2>(m, p, a, b_j, ldb, c_j, ldc, accumulate, lower),
+                4 => rows::<S, 4>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
+                _ => rows::<S, 2>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
             }
             j += nv * lanes;
         }
         if nv > 2 && j + 2 * lanes <= n {
             // E.g. the 32- and 48-column bands of k k^T and q k^T: a 1-vector panel issues 7 loads
             // (1 B vector, 6 broadcasts) per 6 FMAs, bound by the loads.
-            rows::<S, 2>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
+            rows::<S, 2>(m, p, a, b.add(j), ldb, c.add(j), ldc, start, lower);
             j += 2 * lanes;
         }
         while j + lanes <= n {
-            rows::<S, 1>(m, p, a, b.add(j), ldb, c.add(j), ldc, accumulate, lower);
+            rows::<S, 1>(m, p, a, b.add(j), ldb, c.add(j), ldc, start, lower);
             j += lanes;
         }
         if j < n {
-            scalar_columns(m, n - j, p, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+            scalar_columns(m, n - j, p, a, b.add(j), ldb, c.add(j), ldc, start);
         }
     }
 }
@@ -77,7 +101,7 @@ unsafe fn rows<S: Simd, const NV: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    accumulate: bool,
+    start: Start,
     lower: bool,
 ) {
     let mut i = 0;
@@ -88,15 +112,15 @@ unsafe fn rows<S: Simd, const NV: usize>(
             ptr: a.ptr.wrapping_add(i * a.row_stride),
             ..a
         };
-        let c_i = c.wrapping_add(i * ldc);
+        let (c_i, start_i) = (c.wrapping_add(i * ldc), start.at_row(i));
         unsafe {
             match mr {
-                6 => tile::<S, 6, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
-                5 => tile::<S, 5, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
-                4 => tile::<S, 4, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
-                3 => tile::<S, 3, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
-                2 => tile::<S, 2, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
-                _ => tile::<S, 1, NV>(depth, a_i, b, ldb, c_i, ldc, accumulate),
+                6 => tile::<S, 6, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                5 => tile::<S, 5, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                4 => tile::<S, 4, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                3 => tile::<S, 3, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                2 => tile::<S, 2, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                _ => tile::<S, 1, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
             }
         }
         i += mr;
@@ -112,15 +136,18 @@ unsafe fn tile<S: Simd, const R: usize, const NV: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    accumulate: bool,
+    start: Start,
 ) {
     let lanes = S::LANES;
     unsafe {
         let mut acc = [[S::zero(); NV]; R];
-        if accumulate {
+        if let Start::C | Start::DecayedC(_) = start {
             for (r, row) in acc.iter_mut().enumerate() {
                 for (v, x) in row.iter_mut().enumerate() {
                     *x = S::load_f32(c.add(r * ldc + v * lanes));
+                    if let Start::DecayedC(d) = start {
+                        *x = S::mul(*x, S::splat(*d.add(r)));
+                    }
                 }
             }
         }
@@ -160,12 +187,16 @@ unsafe fn scalar_columns(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    accumulate: bool,
+    start: Start,
 ) {
     for i in 0..m {
         for j in 0..n {
             unsafe {
-                let mut s = if accumulate { *c.add(i * ldc + j) } else { 0.0 };
+                let mut s = match start {
+                    Start::Zero => 0.0,
+                    Start::C => *c.add(i * ldc + j),
+                    Start::DecayedC(d) => *c.add(i * ldc + j) * *d.add(i),
+                };
                 for l in 0..p {
                     s = (*a.ptr.add(i * a.row_stride + l * a.col_stride))
                         .mul_add(*b.add(l * ldb + j), s);
@@ -183,7 +214,7 @@ mod tests {
     use crate::runtime::Isa;
 
     type GemmFn =
-        unsafe fn(usize, usize, usize, MatA, *const f32, usize, *mut f32, usize, bool, bool);
+        unsafe fn(usize, usize, usize, MatA, *const f32, usize, *mut f32, usize, Start, bool);
 
     macro_rules! gemm_for {
         ($name:ident, $simd:ty, $features:literal) => {
@@ -198,10 +229,10 @@ mod tests {
                 ldb: usize,
                 c: *mut f32,
                 ldc: usize,
-                acc: bool,
+                start: Start,
                 lower: bool,
             ) {
-                unsafe { gemm::<$simd>(m, n, p, a, b, ldb, c, ldc, acc, lower) }
+                unsafe { gemm::<$simd>(m, n, p, a, b, ldb, c, ldc, start, lower) }
             }
         };
     }
@@ -212,8 +243,8 @@ mod tests {
         "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
     );
 
-    /// Every shape class (full tiles, row/column remainders, transposed A, lower A) against a plain
-    /// triple loop.
+    /// Every shape class (full tiles, row/column remainders, transposed A, lower A, each start of
+    /// C) against a plain triple loop.
     #[test]
     fn every_isa_gemm_matches_naive() {
         for isa in Isa::under_test() {
@@ -239,10 +270,13 @@ mod tests {
             // AVX-512: 4-, 2- and 1-vector panels, then scalar columns.
             (11, 115, 13),
         ] {
-            for (transposed, lower, acc) in [
-                (false, false, false),
-                (true, false, true),
-                (false, true, true),
+            let decay: Vec<f32> = (0..m).map(|i| 0.5 + (i % 7) as f32 / 8.0).collect();
+            for (transposed, lower, start) in [
+                (false, false, Start::Zero),
+                (true, false, Start::C),
+                (false, true, Start::C),
+                (false, false, Start::DecayedC(decay.as_ptr())),
+                (true, false, Start::DecayedC(decay.as_ptr())),
             ] {
                 let a: Vec<f32> = (0..m * p.max(m))
                     .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
@@ -284,11 +318,16 @@ mod tests {
                     ..mat
                 };
                 let mut c = c0.clone();
-                unsafe { kernel(m, n, p, mat, b.as_ptr(), n, c.as_mut_ptr(), n, acc, lower) };
+                unsafe { kernel(m, n, p, mat, b.as_ptr(), n, c.as_mut_ptr(), n, start, lower) };
                 for i in 0..m {
                     for j in 0..n {
-                        let want: f32 = (0..p).map(|l| at(i, l) * b[l * n + j]).sum::<f32>()
-                            + if acc { c0[i * n + j] } else { 0.0 };
+                        let c_start = match start {
+                            Start::Zero => 0.0,
+                            Start::C => c0[i * n + j],
+                            Start::DecayedC(_) => c0[i * n + j] * decay[i],
+                        };
+                        let want: f32 =
+                            (0..p).map(|l| at(i, l) * b[l * n + j]).sum::<f32>() + c_start;
                         assert!(
                             (c[i * n + j] - want).abs() < 1e-4,
                             "{m}x{n}x{p} t{transposed} l{lower}: [{i}][{j}]"
@@ -324,7 +363,7 @@ mod tests {
                     n,
                     c.as_mut_ptr(),
                     n,
-                    true,
+                    Start::C,
                     false,
                 )
             };

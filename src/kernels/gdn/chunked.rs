@@ -28,10 +28,9 @@
 use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2};
 pub use crate::kernels::chunking::Chunk;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::gemm::{MatA, gemm};
+use crate::kernels::gemm::{MatA, Start, gemm};
 use crate::kernels::simd::{
-    Simd, exp_in_place, exp_into, load_row_simd, scale_in_place, scale_into, store_row_simd,
-    transpose,
+    Simd, exp_in_place, exp_into, load_row_simd, scale_into, store_row_simd, transpose,
 };
 
 const C: usize = CHUNK;
@@ -366,7 +365,7 @@ unsafe fn intra_per_head<S: Simd>(
                     C,
                     dst[r0 * C..].as_mut_ptr(),
                     C,
-                    false,
+                    Start::Zero,
                     false,
                 )
             };
@@ -894,11 +893,22 @@ pub unsafe fn inter_chunk<S: Simd>(
             vd,
             hs.y,
             vd,
-            true,
+            Start::C,
             false,
         );
         let t = rows(hs.t, C);
-        gemm::<S>(m, vd, m, t, hs.y, vd, vn.as_mut_ptr(), vd, false, true);
+        gemm::<S>(
+            m,
+            vd,
+            m,
+            t,
+            hs.y,
+            vd,
+            vn.as_mut_ptr(),
+            vd,
+            Start::Zero,
+            true,
+        );
         // o = (q e^G) S + P v', over the spent z.
         let o = hs.y;
         gemm::<S>(
@@ -910,10 +920,21 @@ pub unsafe fn inter_chunk<S: Simd>(
             vd,
             o,
             vd,
-            false,
+            Start::Zero,
             false,
         );
-        gemm::<S>(m, vd, m, rows(hs.p, C), vn.as_ptr(), vd, o, vd, true, true);
+        gemm::<S>(
+            m,
+            vd,
+            m,
+            rows(hs.p, C),
+            vn.as_ptr(),
+            vd,
+            o,
+            vd,
+            Start::C,
+            true,
+        );
         for i in 0..m {
             store_row_simd::<S>(
                 out.at(&[chunk.start + i, hv]),
@@ -923,15 +944,12 @@ pub unsafe fn inter_chunk<S: Simd>(
             );
         }
         // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay.
-        let elast = std::slice::from_raw_parts(hs.elast, kd);
-        for (row, &d) in s.chunks_exact_mut(vd).zip(elast) {
-            scale_in_place::<S>(row, d);
-        }
         let kdec_t = MatA {
             ptr: hs.kdec,
             row_stride: 1,
             col_stride: kp,
         };
+        let decayed = Start::DecayedC(hs.elast);
         gemm::<S>(
             kd,
             vd,
@@ -941,7 +959,7 @@ pub unsafe fn inter_chunk<S: Simd>(
             vd,
             s.as_mut_ptr(),
             vd,
-            true,
+            decayed,
             false,
         );
     }

@@ -15,7 +15,7 @@ use super::recurrent::finish_row;
 use super::{CHUNK, Scan};
 use crate::kernels::chunking::{Chunk, TaskBuffer};
 use crate::kernels::gdn::gating::softplus_v;
-use crate::kernels::gemm::{MatA, gemm};
+use crate::kernels::gemm::{MatA, Start, gemm};
 use crate::kernels::simd::{Simd, exp_into, load_row_simd, store_row_simd};
 use crate::kernels::strided::{load_row, prefetch_l2, read_f32, write_f32};
 use crate::kernels::{Sequence, StateWrite};
@@ -84,7 +84,7 @@ pub unsafe fn intra<S: Simd>(
             row_stride: nd,
             col_stride: 1,
         };
-        gemm::<S>(m, m, nd, c_rows, bt, L, cb, L, false, false);
+        gemm::<S>(m, m, nd, c_rows, bt, L, cb, L, Start::Zero, false);
         // Pass 2 reads rows in whole vectors: the columns past a short chunk must be numbers.
         for i in 0..m {
             std::slice::from_raw_parts_mut(cb.add(i * L + m), L - m).fill(0.0);
@@ -287,7 +287,7 @@ unsafe fn chunk_head<S: Simd>(
                 pd,
                 y.as_mut_ptr(),
                 pd,
-                false,
+                Start::Zero,
                 false,
             );
             exp_into::<S>(&cs[..m], &mut e[..m]);
@@ -309,7 +309,7 @@ unsafe fn chunk_head<S: Simd>(
             pd,
             y.as_mut_ptr(),
             pd,
-            have_state,
+            if have_state { Start::C } else { Start::Zero },
             true,
         );
         let out = &args.out;
@@ -355,7 +355,7 @@ unsafe fn chunk_head<S: Simd>(
             pd,
             state_t.as_mut_ptr(),
             pd,
-            have_state,
+            if have_state { Start::C } else { Start::Zero },
             false,
         );
     }

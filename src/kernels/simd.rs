@@ -86,8 +86,9 @@ pub trait Simd: Copy + Send + Sync + 'static {
         unsafe { exp_generic::<Self>(x) }
     }
 
-    /// Integer lane ops needed by `exp`: `2^n` for integral-valued `n` in [-126, 127].
-    unsafe fn pow2i(n: Self::V) -> Self::V;
+    /// `e * 2^n` for integral-valued `n` in [-126, 128], rounded once (so `e < 1` may take
+    /// `n = 128` without overflowing, and a denormal result rounds as one product would).
+    unsafe fn scale_pow2(e: Self::V, n: Self::V) -> Self::V;
     /// Round to nearest integer (ties to even), as f32.
     unsafe fn round(x: Self::V) -> Self::V;
     /// Each lane's low 8 bits as a biased exponent (the bits shifted left by 23): for
@@ -115,9 +116,7 @@ unsafe fn exp_generic<S: Simd>(x: S::V) -> S::V {
         p = S::fma(p, r, S::splat(0.5));
         let r2 = S::mul(r, r);
         let e = S::add(S::fma(p, r2, r), S::splat(1.0));
-        // n may reach 128 at the top of the range: split the scale so 2^n never overflows early.
-        let half = S::round(S::mul(n, S::splat(0.5)));
-        S::mul(S::mul(e, S::pow2i(half)), S::pow2i(S::sub(n, half)))
+        S::scale_pow2(e, n)
     }
 }
 
@@ -576,12 +575,14 @@ mod x86 {
             unsafe { _mm_storeu_si128(p.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
         }
         #[inline(always)]
-        unsafe fn pow2i(n: __m256) -> __m256 {
-            let i = _mm256_cvtps_epi32(n);
-            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-                i,
-                _mm256_set1_epi32(127),
-            )))
+        unsafe fn scale_pow2(e: __m256, n: __m256) -> __m256 {
+            // 2^n itself overflows at n = 128: scale by two halves, each exact.
+            let pow2 = |n: __m256| {
+                let i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<23>(i))
+            };
+            let half = Avx2::round(_mm256_mul_ps(n, _mm256_set1_ps(0.5)));
+            _mm256_mul_ps(_mm256_mul_ps(e, pow2(half)), pow2(_mm256_sub_ps(n, half)))
         }
         #[inline(always)]
         unsafe fn round(x: __m256) -> __m256 {
@@ -644,7 +645,7 @@ mod x86 {
 
         both_halves! {
             add(a, b); sub(a, b); mul(a, b); div(a, b); fma(a, b, c); fms(a, b, c);
-            max(a, b); min(a, b); round_f16(v); pow2i(n); round(x);
+            max(a, b); min(a, b); round_f16(v); scale_pow2(e, n); round(x);
             exponent_from_low_bits(t);
         }
         #[inline(always)]
@@ -835,12 +836,8 @@ mod x86 {
             }
         }
         #[inline(always)]
-        unsafe fn pow2i(n: __m512) -> __m512 {
-            let i = _mm512_cvtps_epi32(n);
-            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-                i,
-                _mm512_set1_epi32(127),
-            )))
+        unsafe fn scale_pow2(e: __m512, n: __m512) -> __m512 {
+            _mm512_scalef_ps(e, n)
         }
         #[inline(always)]
         unsafe fn round(x: __m512) -> __m512 {
@@ -1022,6 +1019,39 @@ mod tests {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     unsafe fn with_avx512<R>(body: impl FnOnce() -> R) -> R {
         body()
+    }
+
+    /// `e^x` of one vector type over `[-90, 90]` and the clamp edges, as bits.
+    fn exp_bits<S: Simd>() -> Vec<u32> {
+        let mut xs: Vec<f32> = (0..180_000).map(|i| -90.0 + i as f32 * 1e-3).collect();
+        xs.extend([
+            -87.336_55,
+            -87.336_54,
+            88.376_26,
+            88.376_25,
+            -0.0,
+            f32::MIN_POSITIVE,
+        ]);
+        xs.resize(xs.len().next_multiple_of(16), 0.0);
+        let mut out = vec![0f32; xs.len()];
+        for (x, o) in xs
+            .chunks_exact(S::LANES)
+            .zip(out.chunks_exact_mut(S::LANES))
+        {
+            unsafe { S::store_f32(o.as_mut_ptr(), S::exp(S::load_f32(x.as_ptr()))) };
+        }
+        out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// AVX-512 scales `e^r` by `2^n` in one instruction, AVX2 in two exact halves: the same bits.
+    #[test]
+    fn exp_is_the_same_on_every_isa() {
+        let isas = Isa::under_test();
+        if isas.contains(&Isa::Avx2) && isas.contains(&Isa::Avx512) {
+            let avx2 = unsafe { with_avx2(exp_bits::<Avx2>) };
+            assert!(avx2 == unsafe { with_avx512(exp_bits::<Avx512>) });
+            assert!(avx2 == unsafe { with_avx2(exp_bits::<Avx2Pairs>) });
+        }
     }
 
     /// Every vector type of each SIMD level under test.

@@ -420,6 +420,14 @@ mod x86 {
         }
     }
 
+    /// `2^n` for integral-valued `n` in [-126, 127], built in the exponent bits. (A function, not
+    /// a closure, as in `transpose8x8`.)
+    #[inline(always)]
+    unsafe fn pow2i(n: __m256) -> __m256 {
+        let i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(i))
+    }
+
     /// AVX-512 F/BW/VL/DQ, 16 lanes.
     #[derive(Clone, Copy, Debug)]
     pub struct Avx512;
@@ -577,12 +585,8 @@ mod x86 {
         #[inline(always)]
         unsafe fn scale_pow2(e: __m256, n: __m256) -> __m256 {
             // 2^n itself overflows at n = 128: scale by two halves, each exact.
-            let pow2 = |n: __m256| {
-                let i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-                _mm256_castsi256_ps(_mm256_slli_epi32::<23>(i))
-            };
             let half = Avx2::round(_mm256_mul_ps(n, _mm256_set1_ps(0.5)));
-            _mm256_mul_ps(_mm256_mul_ps(e, pow2(half)), pow2(_mm256_sub_ps(n, half)))
+            _mm256_mul_ps(_mm256_mul_ps(e, pow2i(half)), pow2i(_mm256_sub_ps(n, half)))
         }
         #[inline(always)]
         unsafe fn round(x: __m256) -> __m256 {

@@ -949,7 +949,6 @@ pub unsafe fn inter_chunk<S: Simd>(
             row_stride: 1,
             col_stride: kp,
         };
-        let decayed = Start::DecayedC(hs.elast);
         gemm::<S>(
             kd,
             vd,
@@ -959,7 +958,7 @@ pub unsafe fn inter_chunk<S: Simd>(
             vd,
             s.as_mut_ptr(),
             vd,
-            decayed,
+            Start::DecayedC(hs.elast),
             false,
         );
     }

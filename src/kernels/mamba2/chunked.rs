@@ -205,6 +205,8 @@ unsafe fn chunk_head<S: Simd>(
     work: &mut Work,
 ) {
     let (pd, nd, m) = (args.head_dim, args.state_dim, chunk.len);
+    // With a state, the masked X product adds to its term in Y and the update to its decay in hT.
+    let carried = if have_state { Start::C } else { Start::Zero };
     let a = args.a[h];
     let (cf, bt, cb) = layout.group(base, c, args.group(h));
     let Work {
@@ -309,7 +311,7 @@ unsafe fn chunk_head<S: Simd>(
             pd,
             y.as_mut_ptr(),
             pd,
-            if have_state { Start::C } else { Start::Zero },
+            carried,
             true,
         );
         let out = &args.out;
@@ -355,7 +357,7 @@ unsafe fn chunk_head<S: Simd>(
             pd,
             state_t.as_mut_ptr(),
             pd,
-            if have_state { Start::C } else { Start::Zero },
+            carried,
             false,
         );
     }

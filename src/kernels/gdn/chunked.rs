@@ -11,10 +11,11 @@
 //! Pass 1 ([`intra`], per (chunk, q/k head), `k k^T` and `q k^T` shared by the v-heads of the
 //! group) stores per v-head `x = -k * beta * e^G`, `T`, `y = v * beta`, the masked
 //! `P = q k^T o decay`, `q e^G`, `k e^(G_last - G)` and `e^(G_last)` (see [`Layout`]); pass 2
-//! ([`inter_chunk`]) carries the state of one (sequence, v-head) through a chunk with five GEMMs. With enough (sequence, q/k head) pairs for
-//! the threads, one task runs both passes chunk by chunk for a pair, each v-head's pass 2 right
-//! after its pass 1 ([`fused`]: its scratch stays in L2); otherwise pass 1 runs over all chunks in parallel and pass 2 per (sequence,
-//! v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the state stays f32 for the
+//! ([`inter_chunk`]) carries the state of one (sequence, v-head) through a chunk with five GEMMs.
+//! With enough (sequence, q/k head) pairs for the threads, one task runs both passes chunk by
+//! chunk for a sequence and a few adjacent q/k heads, each v-head's pass 2 right after its pass 1
+//! ([`fused`]: its scratch stays in L2); otherwise pass 1 runs over all chunks in parallel and
+//! pass 2 per (sequence, v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the state stays f32 for the
 //! whole sequence.
 //!
 //! Per-channel decays (KDA) make `G` a `K`-vector per token, so `e^(G_i - G_j)` no longer factors
@@ -198,6 +199,7 @@ pub unsafe fn intra_task(
         c,
         chunk,
         h,
+        next: (chunk.start + chunk.len, h),
     };
     let mut buf = TaskBuffer::take(intra_floats(args));
     unsafe { (steps.intra)(&task, &mut buf, &mut |_, _| {}) }
@@ -224,8 +226,8 @@ pub unsafe fn intra<S: Simd>(task: &Pass1, buf: &mut [f32], each_head: EachHead)
     };
     let mut next = NextChunk {
         args,
-        h,
-        tokens: chunk.start + C..(chunk.start + 2 * C).min(args.tokens),
+        h: task.next.1,
+        tokens: task.next.0..(task.next.0 + C).min(args.tokens),
         row: 0,
     };
     for i in 0..m {
@@ -247,8 +249,8 @@ pub unsafe fn intra<S: Simd>(task: &Pass1, buf: &mut [f32], each_head: EachHead)
     next.rest();
 }
 
-/// The token rows of the chunk after a pass-1 task's (this thread's next work on its q/k head;
-/// rows a page apart, where the hardware prefetchers stop), asked into L2 a few rows at a time
+/// The token rows of this thread's next pass-1 work (the next q/k head of a fused task, or the
+/// next chunk; rows a page apart, where the hardware prefetchers stop), asked into L2 a few rows at a time
 /// from the loops of pass 1. In one burst at the start of the task, their 1280 prefetches (H=16,
 /// HV=32) waited on the line-fill buffers for 5% of a Gated DeltaNet prefill (Xeon, AVX-512);
 /// spread, the prefill took 2-4% less time (in-process A/B). The per-channel form spreads them
@@ -294,6 +296,8 @@ pub struct Pass1<'a> {
     c: usize,
     chunk: Chunk,
     h: usize,
+    /// The first token and q/k head of this thread's next pass-1 work, whose rows it prefetches.
+    next: (usize, usize),
 }
 
 impl Pass1<'_> {
@@ -752,25 +756,26 @@ pub unsafe fn inter<S: Simd>(
     }
 }
 
-/// The chunked form in one task per (sequence, q/k head) when there are enough of them for the
-/// threads: each chunk's pass 1 with, as each v-head's scratch is complete, that v-head's pass 2,
-/// while its scratch is still in cache (one v-head block, reused: the same arithmetic as the two
-/// passes, so the same bits).
+/// The chunked form in one task per (sequence, run of q/k heads) when there are enough of them
+/// for the threads: chunk by chunk, each q/k head's pass 1 with, as each v-head's scratch is
+/// complete, that v-head's pass 2, while its scratch is still in cache (one v-head block, reused:
+/// the same arithmetic as the two passes, so the same bits). The heads take each chunk in turn
+/// (their states stay in L2), so a token's rows of adjacent heads are read one after another.
 ///
 /// # Safety
 /// This task alone reads and writes the sequence's output rows and state slots of the v-heads of
-/// q/k head `h`; `chunks` are the sequence's.
+/// `qk_heads`; `chunks` are the sequence's.
 #[inline(always)]
 pub unsafe fn fused<S: Simd>(
     args: &DeltaRule,
     seq: &Sequence,
     chunks: &[Chunk],
-    h: usize,
+    qk_heads: std::ops::Range<usize>,
     steps: &Steps,
 ) {
     let (kd, vd) = (args.k_dim, args.v_dim);
     let group = args.v_heads / args.heads;
-    let layout = Layout {
+    let layout_of = |h: usize| Layout {
         first_head: h,
         heads: 1,
         group,
@@ -778,32 +783,49 @@ pub unsafe fn fused<S: Simd>(
         k_dim: kd,
         v_dim: vd,
     };
-    let states = group * kd * vd;
-    let mut buf = TaskBuffer::take(states + C * vd + layout.chunk_size() + intra_floats(args));
+    let scratch_floats = layout_of(0).chunk_size();
+    let per_head = group * kd * vd;
+    let states = qk_heads.len() * per_head;
+    let mut buf = TaskBuffer::take(states + C * vd + scratch_floats + intra_floats(args));
     let mut rest = &mut buf[..];
     let (states, vn) = (carve(&mut rest, states), carve(&mut rest, C * vd));
-    let scratch = carve(&mut rest, layout.chunk_size()).as_mut_ptr();
+    let scratch = carve(&mut rest, scratch_floats).as_mut_ptr();
+    let h0 = qk_heads.start;
     unsafe {
-        for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
-            load_state::<S>(args, seq, args.v_head(h, j), s);
+        for h in qk_heads.clone() {
+            for j in 0..group {
+                let s = &mut states[((h - h0) * group + j) * kd * vd..][..kd * vd];
+                load_state::<S>(args, seq, args.v_head(h, j), s);
+            }
         }
         for &chunk in chunks {
-            let mut inter = |j: usize, hs: &HeadScratch| {
-                let s = &mut states[j * kd * vd..(j + 1) * kd * vd];
-                (steps.inter)(args, hs, s, vn, chunk, args.v_head(h, j))
-            };
-            let task = Pass1 {
-                args,
-                layout: &layout,
-                scratch,
-                c: 0,
-                chunk,
-                h,
-            };
-            (steps.intra)(&task, rest, &mut inter);
+            for h in qk_heads.clone() {
+                let layout = layout_of(h);
+                let mut inter = |j: usize, hs: &HeadScratch| {
+                    let s = &mut states[((h - h0) * group + j) * kd * vd..][..kd * vd];
+                    (steps.inter)(args, hs, s, vn, chunk, args.v_head(h, j))
+                };
+                let next = match h + 1 < qk_heads.end {
+                    true => (chunk.start, h + 1),
+                    false => (chunk.start + chunk.len, h0),
+                };
+                let task = Pass1 {
+                    args,
+                    layout: &layout,
+                    scratch,
+                    c: 0,
+                    chunk,
+                    h,
+                    next,
+                };
+                (steps.intra)(&task, rest, &mut inter);
+            }
         }
-        for (j, s) in states.chunks_exact_mut(kd * vd).enumerate() {
-            store_state::<S>(args, seq, args.v_head(h, j), s);
+        for h in qk_heads.clone() {
+            for j in 0..group {
+                let s = &states[((h - h0) * group + j) * kd * vd..][..kd * vd];
+                store_state::<S>(args, seq, args.v_head(h, j), s);
+            }
         }
     }
 }

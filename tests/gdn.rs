@@ -485,8 +485,13 @@ fn every_isa_tiled_gqa_order_matches_reference() {
 /// in 5 in the small-shape mode.
 #[test]
 fn every_isa_kda_matches_reference() {
-    let heads_orders: [((usize, usize), bool); 3] =
-        [((2, 4), false), ((2, 4), true), ((3, 3), false)];
+    // (1, 3): a group of three v-heads, a pair sharing pass 1's pair loop and one alone.
+    let heads_orders: [((usize, usize), bool); 4] = [
+        ((2, 4), false),
+        ((2, 4), true),
+        ((3, 3), false),
+        ((1, 3), false),
+    ];
     let mut seed = 1000u64;
     for dims in [(32, 32), (64, 64), (128, 128), (45, 36), (20, 80)] {
         for lens in SEQ_LEN_LISTS {
@@ -494,7 +499,7 @@ fn every_isa_kda_matches_reference() {
             if !common::sampled(seed, 5) {
                 continue;
             }
-            let (heads, tiled) = heads_orders[seed as usize % 3];
+            let (heads, tiled) = heads_orders[seed as usize % 4];
             let state = STATES[(seed / 3) as usize % 3];
             let l2norm = seed.is_multiple_of(2);
             let mut p = batch_case(seed, lens, heads, dims, DType::BF16, state, l2norm)

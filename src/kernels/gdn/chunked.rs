@@ -561,40 +561,45 @@ unsafe fn product_rows<S: Simd>(e: *const f32, a: *const f32, dst: *mut f32, n: 
 /// flushing a running decay to zero took two and a multiply by `k_jj` a third (the pair products
 /// took 3% less of a KDA prefill, in-process A/B). Rows are `kp` floats (a multiple of
 /// `S::LANES`), taken `NB` vectors at a time with `w` held in registers: with it in memory, the
-/// pair loop was bound by its loads and stores at half the FMA rate.
+/// pair loop was bound by its loads and stores at half the FMA rate. `HEADS` v-heads of a GQA
+/// group (decays `a[n]`, sums into `out[n]`) share each load of `k_i` and `q_i`: two took 17%
+/// less time than two calls of one.
 ///
 /// # Safety
-/// `a`, `k` and `q` address `m <= C` rows of `kp` floats.
+/// `a[n]`, `k` and `q` address `m <= C` rows of `kp` floats.
 #[inline(always)]
-unsafe fn pair_products<S: Simd, const NB: usize>(
-    rows: [*const f32; 3],
+unsafe fn pair_products<S: Simd, const NB: usize, const HEADS: usize>(
+    a: [*const f32; HEADS],
+    [k, q]: [*const f32; 2],
     kp: usize,
     m: usize,
-    kk: &mut [f32],
-    qk: &mut [f32],
+    out: [PairSums; HEADS],
 ) {
     unsafe {
         match kp == NB * S::LANES {
-            true => pair_sums::<S, NB, true>(rows, kp, m, kk, qk),
-            false => pair_sums::<S, NB, false>(rows, kp, m, kk, qk),
+            true => pair_sums::<S, NB, HEADS, true>(a, [k, q], kp, m, out),
+            false => pair_sums::<S, NB, HEADS, false>(a, [k, q], kp, m, out),
         }
     }
 }
+
+/// Where one v-head's pair sums go: `[kk, qk]`, `C x C` each.
+type PairSums<'a> = [&'a mut [f32]; 2];
 
 /// [`pair_products`], with `ONE_BLOCK` when a row is exactly `NB` vectors (K = 128 on AVX-512):
 /// then no bound check runs in the pair loop and each sum is stored as it is reduced (13% less
 /// time in the pair loop than the general form, AVX-512).
 #[inline(always)]
-unsafe fn pair_sums<S: Simd, const NB: usize, const ONE_BLOCK: bool>(
-    [a, k, q]: [*const f32; 3],
+unsafe fn pair_sums<S: Simd, const NB: usize, const HEADS: usize, const ONE_BLOCK: bool>(
+    a: [*const f32; HEADS],
+    [k, q]: [*const f32; 2],
     kp: usize,
     m: usize,
-    kk: &mut [f32],
-    qk: &mut [f32],
+    out: [PairSums; HEADS],
 ) {
     let l = S::LANES;
     for jj in 0..m {
-        let mut sums = [[0f32; 2]; C];
+        let mut sums = [[[0f32; 2]; C]; HEADS];
         let mut b = 0;
         while b < kp {
             let nv = match ONE_BLOCK {
@@ -603,60 +608,78 @@ unsafe fn pair_sums<S: Simd, const NB: usize, const ONE_BLOCK: bool>(
             };
             unsafe {
                 let offset = S::splat(-FLUSH);
-                let mut w = [S::zero(); NB];
-                // Constant indices under a bound check keep the array in registers.
-                for (v, wv) in w.iter_mut().enumerate() {
+                let mut w = [[S::zero(); NB]; HEADS];
+                // Constant indices under a bound check keep the arrays in registers.
+                for (v, wv) in w[0].iter_mut().enumerate() {
                     if v < nv {
                         *wv = S::load_f32(k.add(jj * kp + b + v * l));
                     }
                 }
-                for (i, sum) in (jj..m).zip(sums.iter_mut()) {
+                for n in 1..HEADS {
+                    w[n] = w[0];
+                }
+                for i in jj..m {
                     let row = i * kp + b;
-                    let mut acc = [S::zero(); 2];
-                    for (v, wv) in w.iter_mut().enumerate() {
+                    let mut acc = [[S::zero(); 2]; HEADS];
+                    for v in 0..NB {
                         if v < nv {
-                            if i > jj {
-                                *wv = S::fma(*wv, S::load_f32(a.add(row + v * l)), offset);
+                            let (kv, qv) = (
+                                S::load_f32(k.add(row + v * l)),
+                                S::load_f32(q.add(row + v * l)),
+                            );
+                            for n in 0..HEADS {
+                                if i > jj {
+                                    let av = S::load_f32(a[n].add(row + v * l));
+                                    w[n][v] = S::fma(w[n][v], av, offset);
+                                }
+                                acc[n][0] = S::fma(kv, w[n][v], acc[n][0]);
+                                acc[n][1] = S::fma(qv, w[n][v], acc[n][1]);
                             }
-                            acc[0] = S::fma(S::load_f32(k.add(row + v * l)), *wv, acc[0]);
-                            acc[1] = S::fma(S::load_f32(q.add(row + v * l)), *wv, acc[1]);
                         }
                     }
-                    if ONE_BLOCK {
-                        kk[i * C + jj] = S::reduce_sum(acc[0]);
-                        qk[i * C + jj] = S::reduce_sum(acc[1]);
-                    } else {
-                        sum[0] += S::reduce_sum(acc[0]);
-                        sum[1] += S::reduce_sum(acc[1]);
+                    for n in 0..HEADS {
+                        let (kk_sum, qk_sum) = (S::reduce_sum(acc[n][0]), S::reduce_sum(acc[n][1]));
+                        if ONE_BLOCK {
+                            out[n][0][i * C + jj] = kk_sum;
+                            out[n][1][i * C + jj] = qk_sum;
+                        } else {
+                            sums[n][i - jj][0] += kk_sum;
+                            sums[n][i - jj][1] += qk_sum;
+                        }
                     }
                 }
             }
             b += nv * l;
         }
         if !ONE_BLOCK {
-            for (i, sum) in (jj..m).zip(sums) {
-                kk[i * C + jj] = sum[0];
-                qk[i * C + jj] = sum[1];
+            for (n, sums) in sums.iter().enumerate() {
+                for (i, sum) in (jj..m).zip(sums) {
+                    out[n][0][i * C + jj] = sum[0];
+                    out[n][1][i * C + jj] = sum[1];
+                }
             }
         }
     }
 }
 
-/// The per-channel form's work after [`Work`]: per token `a = e^g` (`[C][Kp]`, `1` in the
-/// padding lanes) and one running row.
+/// The per-channel form's work after [`Work`], for two v-heads at a time: per token `a = e^g`
+/// (`[2][C][Kp]`, `1` in the padding lanes), the second v-head's `k k^T` and `q k^T`
+/// (`[2][C][C]`; the first's go to [`Work::kk`] and its own `P`) and one running row.
 struct PerChannel<'a> {
     a: &'a mut [f32],
+    pair: &'a mut [f32],
     run: &'a mut [f32],
 }
 
 impl<'a> PerChannel<'a> {
     fn floats(kp: usize) -> usize {
-        C * kp + kp
+        2 * C * kp + 2 * C * C + kp
     }
 
     fn carve(mut rest: &'a mut [f32], kp: usize) -> PerChannel<'a> {
         PerChannel {
-            a: carve(&mut rest, C * kp),
+            a: carve(&mut rest, 2 * C * kp),
+            pair: carve(&mut rest, 2 * C * C),
             run: carve(&mut rest, kp),
         }
     }
@@ -676,79 +699,161 @@ unsafe fn intra_per_channel<S: Simd>(
     next: &mut NextChunk,
     each: EachHead,
 ) {
-    let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
+    let (args, layout, chunk) = (task.args, task.layout, task.chunk);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
-    let Work { q: qp, k: kpd, kk } = work;
-    let PerChannel { a, run } = PerChannel::carve(rest, kp);
-    let mut a_row = [0f32; C];
-    let mut beta = [0f32; C];
-    for j in 0..layout.group {
-        let hv = args.v_head(h, j);
-        let hs = task.head(j);
-        // q k^T o decay goes straight into P (lower incl. the diagonal; zero up to column m).
-        let qk = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
+    let Work { q, k, kk } = work;
+    let PerChannel { a, pair, run } = PerChannel::carve(rest, kp);
+    let (a0, a1) = a.split_at_mut(C * kp);
+    let (kk1, qk1) = pair.split_at_mut(C * C);
+    let mut beta = [[0f32; C]; 2];
+    let mut j = 0;
+    while j < layout.group {
+        // Two v-heads at a time share the pair loop's loads of k and q.
+        let heads = (layout.group - j).min(2);
+        for (n, a) in [&mut *a0, &mut *a1].into_iter().enumerate().take(heads) {
+            unsafe { decays::<S>(task, args.v_head(task.h, j + n), a, &mut beta[n], next) };
+        }
+        // q k^T o decay of the first v-head goes straight into its P (lower incl. the diagonal;
+        // zero up to column m).
+        let p0 = unsafe { std::slice::from_raw_parts_mut(task.head(j).p, C * C) };
+        let rows = [k.as_ptr(), q.as_ptr()];
         unsafe {
-            // All rows first, then their exps: the row loads (a page apart, mostly from memory)
-            // are then independent and overlap, where an exp between them kept a few in flight.
-            for i in 0..m {
-                beta[i] = args.gate(chunk.start + i, hv).1;
-                args.log_decays(chunk.start + i, hv, &mut a[i * kp..i * kp + kd]);
-            }
-            for i in 0..m {
-                exp_in_place::<S>(&mut a[i * kp..i * kp + kd]);
-                a[i * kp + kd..(i + 1) * kp].fill(1.0);
-                next.rows(2);
-            }
-            let ap = a.as_ptr();
-            // k k^T and q k^T o decay, pair by pair; half the vector registers for the running w.
-            let rows = [ap, kpd.as_ptr(), qp.as_ptr()];
-            match S::VECTORS_IN_REGISTERS >= 32 {
-                true => pair_products::<S, 8>(rows, kp, m, kk, qk),
-                false => pair_products::<S, 4>(rows, kp, m, kk, qk),
-            }
-            // e^G_i = a_0 ... a_i, a running row: q e^G, -beta k e^G and e^(G_last).
-            let e = run.as_mut_ptr();
-            std::ptr::copy_nonoverlapping(ap, e, kp);
-            for i in 0..m {
-                if i > 0 {
-                    product_rows::<S>(e, ap.add(i * kp), e, kp);
-                }
-                let (q, k) = (qp.as_ptr(), kpd.as_ptr());
-                next.rows(1);
-                mul_rows::<S>(q.add(i * kp), e, 1.0, hs.qg.add(i * kp), kp);
-                mul_rows::<S>(k.add(i * kp), e, -beta[i], hs.x.add(i * kp), kp);
-            }
-            std::ptr::copy_nonoverlapping(e, hs.elast, kp);
-            // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
-            run.fill(1.0);
-            for i in (0..m).rev() {
-                if i + 1 < m {
-                    product_rows::<S>(run.as_ptr(), ap.add((i + 1) * kp), run.as_mut_ptr(), kp);
-                }
-                mul_rows::<S>(
-                    kpd.as_ptr().add(i * kp),
-                    run.as_ptr(),
-                    1.0,
-                    hs.kdec.add(i * kp),
+            match (S::VECTORS_IN_REGISTERS >= 32, heads) {
+                (true, 2) => pair_products::<S, 8, 2>(
+                    [a0.as_ptr(), a1.as_ptr()],
+                    rows,
                     kp,
+                    m,
+                    [[&mut *kk, p0], [&mut *kk1, &mut *qk1]],
+                ),
+                (true, _) => pair_products::<S, 8, 1>([a0.as_ptr()], rows, kp, m, [[&mut *kk, p0]]),
+                (false, 2) => pair_products::<S, 4, 2>(
+                    [a0.as_ptr(), a1.as_ptr()],
+                    rows,
+                    kp,
+                    m,
+                    [[&mut *kk, p0], [&mut *kk1, &mut *qk1]],
+                ),
+                (false, _) => {
+                    pair_products::<S, 4, 1>([a0.as_ptr()], rows, kp, m, [[&mut *kk, p0]])
+                }
+            }
+            per_channel_head::<S>(task, j, [&*a0, &*kk], [&*q, &*k], &beta[0], run, next, each);
+            if heads == 2 {
+                // The second v-head's block may be the first's, which its pass 2 has now read.
+                let hs = task.head(j + 1);
+                std::ptr::copy_nonoverlapping(qk1.as_ptr(), hs.p, C * C);
+                per_channel_head::<S>(
+                    task,
+                    j + 1,
+                    [&*a1, &*kk1],
+                    [&*q, &*k],
+                    &beta[1],
+                    run,
+                    next,
+                    each,
                 );
             }
         }
-        // P's upper part; T row by row from A = beta_i (k k^T o decay).
-        let tinv = unsafe { std::slice::from_raw_parts_mut(hs.t, C * C) };
-        tinv.fill(0.0);
-        for i in 0..m {
-            qk[i * C + i + 1..i * C + m].fill(0.0);
-            for l in 0..i {
-                a_row[l] = beta[i] * kk[i * C + l];
-            }
-            next.rows(1);
-            unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
-        }
-        unsafe { store_y::<S>(args, chunk, hv, &hs, &beta[..m]) };
-        each(j, &hs);
+        j += heads;
     }
+}
+
+/// `beta` and the decays `a = e^g` (padded with 1) of the chunk's tokens for v-head `hv`.
+///
+/// # Safety
+/// As for [`intra`]; `a` holds `C * kp` floats.
+#[inline(always)]
+unsafe fn decays<S: Simd>(
+    task: &Pass1,
+    hv: usize,
+    a: &mut [f32],
+    beta: &mut [f32; C],
+    next: &mut NextChunk,
+) {
+    let (args, chunk) = (task.args, task.chunk);
+    let (kd, kp) = (args.k_dim, padded_k(args.k_dim));
+    // All rows first, then their exps: the row loads (a page apart, mostly from memory) are then
+    // independent and overlap, where an exp between them kept a few in flight.
+    for i in 0..chunk.len {
+        beta[i] = unsafe { args.gate(chunk.start + i, hv).1 };
+        unsafe { args.log_decays(chunk.start + i, hv, &mut a[i * kp..i * kp + kd]) };
+    }
+    for i in 0..chunk.len {
+        unsafe { exp_in_place::<S>(&mut a[i * kp..i * kp + kd]) };
+        a[i * kp + kd..(i + 1) * kp].fill(1.0);
+        next.rows(2);
+    }
+}
+
+/// The rest of v-head number `j`'s pass 1 once its `a`, `k k^T` and `q k^T` (in its `P`) are
+/// formed: `q e^G`, `x`, `e^(G_last)`, `k e^(G_last - G)`, `P`'s upper part, `T` and `y`; then
+/// `each` with its scratch.
+///
+/// # Safety
+/// As for [`intra`]; `a` and the `[q, k]` rows hold `C * kp` floats, `kk` `C * C`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn per_channel_head<S: Simd>(
+    task: &Pass1,
+    j: usize,
+    [a, kk]: [&[f32]; 2],
+    [qp, kpd]: [&[f32]; 2],
+    beta: &[f32; C],
+    run: &mut [f32],
+    next: &mut NextChunk,
+    each: EachHead,
+) {
+    let (args, chunk) = (task.args, task.chunk);
+    let (m, kp) = (chunk.len, padded_k(args.k_dim));
+    let hv = args.v_head(task.h, j);
+    let hs = task.head(j);
+    let ap = a.as_ptr();
+    unsafe {
+        // e^G_i = a_0 ... a_i, a running row: q e^G, -beta k e^G and e^(G_last).
+        let e = run.as_mut_ptr();
+        std::ptr::copy_nonoverlapping(ap, e, kp);
+        for i in 0..m {
+            if i > 0 {
+                product_rows::<S>(e, ap.add(i * kp), e, kp);
+            }
+            let (q, k) = (qp.as_ptr(), kpd.as_ptr());
+            next.rows(1);
+            mul_rows::<S>(q.add(i * kp), e, 1.0, hs.qg.add(i * kp), kp);
+            mul_rows::<S>(k.add(i * kp), e, -beta[i], hs.x.add(i * kp), kp);
+        }
+        std::ptr::copy_nonoverlapping(e, hs.elast, kp);
+        // k e^(G_last - G_i), with the suffix product a_(i+1) ... a_last.
+        run.fill(1.0);
+        for i in (0..m).rev() {
+            if i + 1 < m {
+                product_rows::<S>(run.as_ptr(), ap.add((i + 1) * kp), run.as_mut_ptr(), kp);
+            }
+            mul_rows::<S>(
+                kpd.as_ptr().add(i * kp),
+                run.as_ptr(),
+                1.0,
+                hs.kdec.add(i * kp),
+                kp,
+            );
+        }
+    }
+    // P's upper part; T row by row from A = beta_i (k k^T o decay).
+    let qk = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
+    let tinv = unsafe { std::slice::from_raw_parts_mut(hs.t, C * C) };
+    tinv.fill(0.0);
+    let mut a_row = [0f32; C];
+    for i in 0..m {
+        qk[i * C + i + 1..i * C + m].fill(0.0);
+        for l in 0..i {
+            a_row[l] = beta[i] * kk[i * C + l];
+        }
+        next.rows(1);
+        unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
+    }
+    unsafe { store_y::<S>(args, chunk, hv, &hs, &beta[..m]) };
+    each(j, &hs);
 }
 
 /// Pass 2 for one (sequence, v-head) over its chunks `chunks` (global chunk indices from `first`).

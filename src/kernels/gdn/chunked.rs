@@ -15,16 +15,16 @@
 //! With enough (sequence, q/k head) pairs for the threads, one task runs both passes chunk by
 //! chunk for a sequence and a few adjacent q/k heads, each v-head's pass 2 right after its pass 1
 //! ([`fused`]: its scratch stays in L2); otherwise pass 1 runs over all chunks in parallel and
-//! pass 2 per (sequence, v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the state stays f32 for the
-//! whole sequence.
+//! pass 2 per (sequence, v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the
+//! state stays f32 for the whole sequence.
 //!
 //! Per-channel decays (KDA) make `G` a `K`-vector per token, so `e^(G_i - G_j)` no longer factors
 //! out of `k k^T`, and `e^(+G)` of a chunk (up to `e^(16*20)`) cannot be formed. [`intra`] then
 //! works from the per-token decays `a = e^g <= 1` only: every factor it forms is a product of
 //! consecutive `a`s (so `<= 1`, accurate to a few ulps, never a difference of large cumulative
 //! sums). `k k^T` and `q k^T` are summed pair by pair with the running product (`C (C+1) / 2`
-//! pairs, few at `C = 16`; within `C * 2^-60` absolute, see [`pair_products`]); `q e^G`, `k e^(G_last - G)` and `e^(G_last)` are running products
-//! too, one decay per row of the state.
+//! pairs, few at `C = 16`; within `C * 2^-60` absolute, see [`pair_products`]); `q e^G`,
+//! `k e^(G_last - G)` and `e^(G_last)` are running products too, one decay per row of the state.
 
 use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2};
 pub use crate::kernels::chunking::Chunk;
@@ -249,9 +249,9 @@ pub unsafe fn intra<S: Simd>(task: &Pass1, buf: &mut [f32], each_head: EachHead)
     next.rest();
 }
 
-/// The token rows of this thread's next pass-1 work (the next q/k head of a fused task, or the
-/// next chunk; rows a page apart, where the hardware prefetchers stop), asked into L2 a few rows at a time
-/// from the loops of pass 1. In one burst at the start of the task, their 1280 prefetches (H=16,
+/// The token rows of this thread's next pass-1 work (the next q/k head of a fused task's run, or
+/// the next chunk: the first head's rows are a page apart, where the hardware prefetchers stop),
+/// asked into L2 a few rows at a time from the loops of pass 1. In one burst at the start of the task, their 1280 prefetches (H=16,
 /// HV=32) waited on the line-fill buffers for 5% of a Gated DeltaNet prefill (Xeon, AVX-512);
 /// spread, the prefill took 2-4% less time (in-process A/B). The per-channel form spreads them
 /// over three loops (its `g` rows are 8 lines each): all in its exp loop, the prefetches waited
@@ -568,17 +568,22 @@ unsafe fn product_rows<S: Simd>(e: *const f32, a: *const f32, dst: *mut f32, n: 
 /// # Safety
 /// `a[n]`, `k` and `q` address `m <= C` rows of `kp` floats.
 #[inline(always)]
-unsafe fn pair_products<S: Simd, const NB: usize, const HEADS: usize>(
+unsafe fn pair_products<S: Simd, const HEADS: usize>(
     a: [*const f32; HEADS],
     [k, q]: [*const f32; 2],
     kp: usize,
     m: usize,
     out: [PairSums; HEADS],
 ) {
+    let rows = [k, q];
+    // Half the vector registers for the running `w`s (a constant of `S`: the branches fold away).
+    let nb = if S::VECTORS_IN_REGISTERS >= 32 { 8 } else { 4 };
     unsafe {
-        match kp == NB * S::LANES {
-            true => pair_sums::<S, NB, HEADS, true>(a, [k, q], kp, m, out),
-            false => pair_sums::<S, NB, HEADS, false>(a, [k, q], kp, m, out),
+        match (nb, kp == nb * S::LANES) {
+            (8, true) => pair_sums::<S, 8, HEADS, true>(a, rows, kp, m, out),
+            (8, false) => pair_sums::<S, 8, HEADS, false>(a, rows, kp, m, out),
+            (_, true) => pair_sums::<S, 4, HEADS, true>(a, rows, kp, m, out),
+            (_, false) => pair_sums::<S, 4, HEADS, false>(a, rows, kp, m, out),
         }
     }
 }
@@ -719,25 +724,15 @@ unsafe fn intra_per_channel<S: Simd>(
         let p0 = unsafe { std::slice::from_raw_parts_mut(task.head(j).p, C * C) };
         let rows = [k.as_ptr(), q.as_ptr()];
         unsafe {
-            match (S::VECTORS_IN_REGISTERS >= 32, heads) {
-                (true, 2) => pair_products::<S, 8, 2>(
+            match heads {
+                2 => pair_products::<S, 2>(
                     [a0.as_ptr(), a1.as_ptr()],
                     rows,
                     kp,
                     m,
                     [[&mut *kk, p0], [&mut *kk1, &mut *qk1]],
                 ),
-                (true, _) => pair_products::<S, 8, 1>([a0.as_ptr()], rows, kp, m, [[&mut *kk, p0]]),
-                (false, 2) => pair_products::<S, 4, 2>(
-                    [a0.as_ptr(), a1.as_ptr()],
-                    rows,
-                    kp,
-                    m,
-                    [[&mut *kk, p0], [&mut *kk1, &mut *qk1]],
-                ),
-                (false, _) => {
-                    pair_products::<S, 4, 1>([a0.as_ptr()], rows, kp, m, [[&mut *kk, p0]])
-                }
+                _ => pair_products::<S, 1>([a0.as_ptr()], rows, kp, m, [[&mut *kk, p0]]),
             }
             per_channel_head::<S>(task, j, [&*a0, &*kk], [&*q, &*k], &beta[0], run, next, each);
             if heads == 2 {
@@ -928,10 +923,12 @@ pub unsafe fn fused<S: Simd>(
     let (states, vn) = (carve(&mut rest, states), carve(&mut rest, C * vd));
     let scratch = carve(&mut rest, scratch_floats).as_mut_ptr();
     let h0 = qk_heads.start;
+    // Where v-head number `j` of q/k head `h` keeps its state.
+    let state_at = |h: usize, j: usize| ((h - h0) * group + j) * kd * vd;
     unsafe {
         for h in qk_heads.clone() {
             for j in 0..group {
-                let s = &mut states[((h - h0) * group + j) * kd * vd..][..kd * vd];
+                let s = &mut states[state_at(h, j)..][..kd * vd];
                 load_state::<S>(args, seq, args.v_head(h, j), s);
             }
         }
@@ -939,7 +936,7 @@ pub unsafe fn fused<S: Simd>(
             for h in qk_heads.clone() {
                 let layout = layout_of(h);
                 let mut inter = |j: usize, hs: &HeadScratch| {
-                    let s = &mut states[((h - h0) * group + j) * kd * vd..][..kd * vd];
+                    let s = &mut states[state_at(h, j)..][..kd * vd];
                     (steps.inter)(args, hs, s, vn, chunk, args.v_head(h, j))
                 };
                 let next = match h + 1 < qk_heads.end {
@@ -960,7 +957,7 @@ pub unsafe fn fused<S: Simd>(
         }
         for h in qk_heads.clone() {
             for j in 0..group {
-                let s = &states[((h - h0) * group + j) * kd * vd..][..kd * vd];
+                let s = &states[state_at(h, j)..][..kd * vd];
                 store_state::<S>(args, seq, args.v_head(h, j), s);
             }
         }

@@ -230,6 +230,17 @@ uint32_t ssmk_context_num_threads(const ssmk_context *ctx);
  * sequences share the call. Every argument is validated before anything is written. Thread-safe:
  * concurrent calls must not write memory another call reads or writes.
  *
+ * State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+ * and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+ * not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+ * sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+ * the value a call ending at that token would have stored there (rows `0..W-2` of the checkpoint
+ * slot hold the last `W-1` inputs, bit for bit; rows `W-1..L-1` are never touched). Entries of
+ * padded sequences and entries whose slot is `pad_slot_id` are ignored whole (their offsets are
+ * not checked); a table with no other entry, or `C = 0`, is accepted wherever NULL is (also in
+ * speculative mode or without a pool). `out` and every sequence's final state are bit-identical
+ * with or without checkpoints, for any thread count.
+ *
  * @param ctx               context (threads), or NULL for the process default.
  * @param x                 `[T, D]` float32, bfloat16 or float16: the activations. Any strides;
  *                          contiguous channels (`strides[1] == 1`) take the fast path.
@@ -246,12 +257,21 @@ uint32_t ssmk_context_num_threads(const ssmk_context *ctx);
  * @param activation        SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
  * @param pad_slot_id       slot value that marks a padded sequence (vLLM uses -1).
  * @param out               `[T, D]`, the dtype of `x`; written. Must not overlap any input or `conv_states`.
+ * @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+ *                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+ * @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+ *                            distinct, none a slot of a sequence of the call.
  * @retval SSMK_OK                     done.
  * @retval SSMK_ERR_NULL_POINTER       `x`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
  * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length, activation, offsets
  *                                     order, duplicate slot, or `has_initial_state` true without state.
+ *                                     Checkpoints: only one table given, unequal shapes or
+ *                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+ *                                     sequence of the call, a checkpoint without a state pool.
  * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
  * @retval SSMK_ERR_OUT_OF_BOUNDS      an offset above `T`, or a slot outside `[0, S)` that is not `pad_slot_id`.
+ *                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+ *                                     outside `[0, S)` (other than `pad_slot_id`).
  * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
  * @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
  * @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
@@ -271,7 +291,9 @@ int32_t ssmk_causal_conv1d_fwd(const ssmk_context *ctx,
                                const ssmk_tensor *has_initial_state,
                                uint32_t activation,
                                int64_t pad_slot_id,
-                               ssmk_tensor *out);
+                               ssmk_tensor *out,
+                               const ssmk_tensor *checkpoint_offsets,
+                               const ssmk_tensor *checkpoint_slots);
 
 /**
  * One decode step, or a speculative verify of `Q` tokens per sequence, of the causal depthwise
@@ -341,9 +363,16 @@ int32_t ssmk_causal_conv1d_update(const ssmk_context *ctx,
  * @param softplus_threshold not NaN.
  * @param g                  `[N, HV]` f32, written; must not overlap any input, `beta` or itself.
  * @param beta               `[N, HV]` f32/bf16/f16, written; must not overlap any input, `g` or itself.
+ * @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+ *                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+ * @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+ *                            distinct, none a slot of a sequence of the call.
  * @retval SSMK_OK                     done.
  * @retval SSMK_ERR_NULL_POINTER       a descriptor is NULL, or non-empty with NULL data.
  * @retval SSMK_ERR_INVALID_ARGUMENT   a shape, stride or scalar is inconsistent.
+ *                                     Checkpoints: only one table given, unequal shapes or
+ *                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+ *                                     sequence of the call, a checkpoint without a state pool.
  * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
  * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
  * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
@@ -443,6 +472,19 @@ int32_t ssmk_kda_gating(const ssmk_context *ctx,
  * when `state_indices[b][0] == pad_slot_id`. A zero-length sequence writes nothing. Every written
  * slot must be distinct, and no sequence may read a slot another sequence writes.
  *
+ * State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+ * and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+ * not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+ * sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+ * the value a call ending at that token would have stored there (within the two-calls-equal-one
+ * tolerance, rounded once as a final state is: inside a chunk of the chunked form the recurrence
+ * runs from the chunk's start into a copy, so the chunks of the main computation never move. Not
+ * allowed with `num_accepted_tokens`). Entries of padded sequences and entries whose slot is
+ * `pad_slot_id` are ignored whole (their offsets are not checked); a table with no other entry, or
+ * `C = 0`, is accepted wherever NULL is (also in speculative mode or without a pool). `out` and
+ * every sequence's final state are bit-identical with or without checkpoints, for any thread
+ * count.
+ *
  * @param ctx                 context, or NULL for the process default.
  * @param q                   `[T, H, K]` f32/bf16/f16.
  * @param k                   `[T, H, K]` f32/bf16/f16.
@@ -469,6 +511,8 @@ int32_t ssmk_kda_gating(const ssmk_context *ctx,
  * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
  * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
  *                                     offset outside `[0, T]`.
+ *                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+ *                                     outside `[0, S)` (other than `pad_slot_id`).
  * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
  * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
  * @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
@@ -493,7 +537,9 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
                               uint32_t flags,
                               float l2norm_eps,
                               int64_t pad_slot_id,
-                              ssmk_tensor *out);
+                              ssmk_tensor *out,
+                              const ssmk_tensor *checkpoint_offsets,
+                              const ssmk_tensor *checkpoint_slots);
 
 /**
  * Runs Mamba-2's selective-state scan over a batch of sequences that may mix prefills (chunked SSD
@@ -518,6 +564,19 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
  * not depend on the thread count or on the other sequences of the call. Thread-safe; nothing is
  * written unless every argument is valid.
  *
+ * State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+ * and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+ * not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+ * sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+ * the value a call ending at that token would have stored there (within the two-calls-equal-one
+ * tolerance, rounded once as a final state is: inside a chunk of the SSD form the recurrence runs
+ * from the chunk's start into a copy, so the chunks of the main computation never move. Not
+ * allowed with `num_accepted_tokens`). Entries of padded sequences and entries whose slot is
+ * `pad_slot_id` are ignored whole (their offsets are not checked); a table with no other entry, or
+ * `C = 0`, is accepted wherever NULL is (also in speculative mode or without a pool). `out` and
+ * every sequence's final state are bit-identical with or without checkpoints, for any thread
+ * count.
+ *
  * @param ctx                 context, or NULL for the process default.
  * @param x                   `[T, NH, P]` f32/bf16/f16.
  * @param dt                  `[T, NH]` f32/bf16/f16.
@@ -539,14 +598,23 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
  * @param pad_slot_id         slot value marking padded sequences (vLLM: -1).
  * @param out                 `[T, NH, P]` of x's dtype, written; must not overlap any input,
  *                            `state` or itself.
+ * @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+ *                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+ * @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+ *                            distinct, none a slot of a sequence of the call.
  * @retval SSMK_OK                     done.
  * @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
  * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or limit; `NH % G != 0`;
  *                                     duplicate slots; `num_accepted_tokens` or a sequence length
  *                                     outside its range; `has_initial_state` true with no state.
+ *                                     Checkpoints: only one table given, unequal shapes or
+ *                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+ *                                     sequence of the call, a checkpoint without a state pool.
  * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above, or `out` not of x's dtype.
  * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
  *                                     offset outside `[0, T]`.
+ *                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+ *                                     outside `[0, S)` (other than `pad_slot_id`).
  * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
  * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
  * @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
@@ -574,7 +642,9 @@ int32_t ssmk_mamba2_scan(const ssmk_context *ctx,
                          const ssmk_tensor *has_initial_state,
                          const ssmk_tensor *num_accepted_tokens,
                          int64_t pad_slot_id,
-                         ssmk_tensor *out);
+                         ssmk_tensor *out,
+                         const ssmk_tensor *checkpoint_offsets,
+                         const ssmk_tensor *checkpoint_slots);
 
 /**
  * Copies `n` byte ranges: the same result as `for i in 0..n: memmove(dst[i], src[i], sizes[i])`
@@ -668,6 +738,17 @@ int32_t ssmk_zero_blocks_multi(const ssmk_context *ctx,
  * zero-length sequence keeps (or, without initial state, zeroes) its state. Every argument is
  * validated before anything is written; results do not depend on the thread count.
  *
+ * State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+ * and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+ * not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+ * sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+ * the value a call ending at that token would have stored there (rows `0..W-2` of the checkpoint
+ * slot hold the last `W-1` conv inputs `B * x`, bit for bit; rows `W-1..L-1` are never touched).
+ * Entries of padded sequences and entries whose slot is `pad_slot_id` are ignored whole (their
+ * offsets are not checked); a table with no other entry, or `C = 0`, is accepted wherever NULL is
+ * (also in speculative mode or without a pool). `out` and every sequence's final state are bit-
+ * identical with or without checkpoints, for any thread count.
+ *
  * @param ctx               context (threads), or NULL for the process default.
  * @param bcx               `[T, 3D]` float32, bfloat16 or float16; columns `0..D` = B, `D..2D` = C,
  *                          `2D..3D` = x. Any strides; contiguous columns take the fast path.
@@ -680,12 +761,21 @@ int32_t ssmk_zero_blocks_multi(const ssmk_context *ctx,
  * @param has_initial_state `[B]` bool/uint8/int32/int64, or NULL (all false). True requires `conv_states`.
  * @param pad_slot_id       slot value that marks a padded sequence (vLLM uses -1).
  * @param out               `[T, D]`, the dtype of `bcx`; written. Must not overlap any input or the states.
+ * @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+ *                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+ * @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+ *                            distinct, none a slot of a sequence of the call.
  * @retval SSMK_OK                     done.
  * @retval SSMK_ERR_NULL_POINTER       `bcx`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
  * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim or shape (`bcx.shape[1]` not `3 * D`), width, state
  *                                     length, offsets order, duplicate slot, or initial state without states.
+ *                                     Checkpoints: only one table given, unequal shapes or
+ *                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+ *                                     sequence of the call, a checkpoint without a state pool.
  * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
  * @retval SSMK_ERR_OUT_OF_BOUNDS      an offset above `T`, or a slot outside `[0, S)` that is not `pad_slot_id`.
+ *                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+ *                                     outside `[0, S)` (other than `pad_slot_id`).
  * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
  * @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
  * @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
@@ -704,7 +794,9 @@ int32_t ssmk_short_conv(const ssmk_context *ctx,
                         const ssmk_tensor *cache_indices,
                         const ssmk_tensor *has_initial_state,
                         int64_t pad_slot_id,
-                        ssmk_tensor *out);
+                        ssmk_tensor *out,
+                        const ssmk_tensor *checkpoint_offsets,
+                        const ssmk_tensor *checkpoint_slots);
 
 /**
  * Describes a status code.

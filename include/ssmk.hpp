@@ -220,14 +220,17 @@ inline void zero_blocks_multi(const context& ctx, tensor* const* caches, size_t 
   check(ssmk_zero_blocks_multi(ctx.get(), raw.data(), n, block_ids.get()));
 }
 
-/** ssmk_causal_conv1d_fwd; optional arguments are nullptr when absent. Throws ssmk::error. */
+/** ssmk_causal_conv1d_fwd; optional arguments are nullptr when absent (the checkpoint tables of
+ *  ABI.md §4.10 by default). Throws ssmk::error. */
 inline void causal_conv1d_fwd(const context& ctx, const tensor& x, const tensor& weight, const tensor* bias,
                               tensor* conv_states, const tensor* query_start_loc, const tensor* cache_indices,
                               const tensor* has_initial_state, uint32_t activation, int64_t pad_slot_id,
-                              tensor& out) {
+                              tensor& out, const tensor* checkpoint_offsets = nullptr,
+                              const tensor* checkpoint_slots = nullptr) {
   check(ssmk_causal_conv1d_fwd(ctx.get(), x.get(), weight.get(), detail::opt(bias), detail::opt(conv_states),
                                detail::opt(query_start_loc), detail::opt(cache_indices),
-                               detail::opt(has_initial_state), activation, pad_slot_id, out.get()));
+                               detail::opt(has_initial_state), activation, pad_slot_id, out.get(),
+                               detail::opt(checkpoint_offsets), detail::opt(checkpoint_slots)));
 }
 
 /** ssmk_causal_conv1d_update; throws ssmk::error. */
@@ -243,10 +246,11 @@ inline void causal_conv1d_update(const context& ctx, const tensor& x, tensor& co
 /** ssmk_short_conv (LFM2: out = C * conv(B * x)); throws ssmk::error. */
 inline void short_conv(const context& ctx, const tensor& bcx, const tensor& weight, const tensor* bias,
                        tensor* conv_states, const tensor* query_start_loc, const tensor* cache_indices,
-                       const tensor* has_initial_state, int64_t pad_slot_id, tensor& out) {
+                       const tensor* has_initial_state, int64_t pad_slot_id, tensor& out,
+                       const tensor* checkpoint_offsets = nullptr, const tensor* checkpoint_slots = nullptr) {
   check(ssmk_short_conv(ctx.get(), bcx.get(), weight.get(), detail::opt(bias), detail::opt(conv_states),
                         detail::opt(query_start_loc), detail::opt(cache_indices), detail::opt(has_initial_state),
-                        pad_slot_id, out.get()));
+                        pad_slot_id, out.get(), detail::opt(checkpoint_offsets), detail::opt(checkpoint_slots)));
 }
 
 /** ssmk_gdn_gating: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b). Throws ssmk::error. */
@@ -270,10 +274,12 @@ inline void gated_delta_rule(const context& ctx, const tensor& q, const tensor& 
                              const tensor& beta, float scale, tensor* state, const tensor* cu_seqlens,
                              const tensor* state_indices, const tensor* has_initial_state,
                              const tensor* num_accepted_tokens, uint32_t flags, float l2norm_eps,
-                             int64_t pad_slot_id, tensor& out) {
+                             int64_t pad_slot_id, tensor& out, const tensor* checkpoint_offsets = nullptr,
+                             const tensor* checkpoint_slots = nullptr) {
   check(ssmk_gated_delta_rule(ctx.get(), q.get(), k.get(), v.get(), g.get(), beta.get(), scale, detail::opt(state),
                               detail::opt(cu_seqlens), detail::opt(state_indices), detail::opt(has_initial_state),
-                              detail::opt(num_accepted_tokens), flags, l2norm_eps, pad_slot_id, out.get()));
+                              detail::opt(num_accepted_tokens), flags, l2norm_eps, pad_slot_id, out.get(),
+                              detail::opt(checkpoint_offsets), detail::opt(checkpoint_slots)));
 }
 
 /** ssmk_mamba2_scan (Mamba-2 selective-state scan); optional arguments are nullptr when absent.
@@ -283,11 +289,13 @@ inline void mamba2_scan(const context& ctx, const tensor& x, const tensor& dt, c
                         const tensor& C, const tensor* D, const tensor* z, const tensor* dt_bias, float dt_min,
                         float dt_max, uint32_t flags, tensor* state, const tensor* cu_seqlens,
                         const tensor* state_indices, const tensor* has_initial_state,
-                        const tensor* num_accepted_tokens, int64_t pad_slot_id, tensor& out) {
+                        const tensor* num_accepted_tokens, int64_t pad_slot_id, tensor& out,
+                        const tensor* checkpoint_offsets = nullptr, const tensor* checkpoint_slots = nullptr) {
   check(ssmk_mamba2_scan(ctx.get(), x.get(), dt.get(), A.get(), B.get(), C.get(), detail::opt(D), detail::opt(z),
                          detail::opt(dt_bias), dt_min, dt_max, flags, detail::opt(state), detail::opt(cu_seqlens),
                          detail::opt(state_indices), detail::opt(has_initial_state),
-                         detail::opt(num_accepted_tokens), pad_slot_id, out.get()));
+                         detail::opt(num_accepted_tokens), pad_slot_id, out.get(), detail::opt(checkpoint_offsets),
+                         detail::opt(checkpoint_slots)));
 }
 
 }  // namespace ssmk

@@ -63,6 +63,7 @@ fn pool(dtype: DType, s: usize, l: usize, d: usize, layout: Pool, seed: u64) -> 
 }
 
 /// One `ssmk_causal_conv1d_fwd` call's arguments.
+#[derive(Clone)]
 struct Fwd {
     x: Tensor,
     weight: Tensor,
@@ -74,6 +75,8 @@ struct Fwd {
     act: u32,
     pad: i64,
     out: Tensor,
+    /// `(checkpoint_offsets, checkpoint_slots)`, or both NULL.
+    ckpt: Option<(Tensor, Tensor)>,
 }
 
 /// Descriptors of a call, editable before the call (for bad-input tests).
@@ -113,10 +116,14 @@ impl Fwd {
             ptr(&d.h),
         );
         let o = ptr_mut(&mut d.o);
+        let ckpt = self.ckpt.as_ref().map(|(o, s)| (o.desc(), s.desc()));
+        let (co, cs) = ckpt
+            .as_ref()
+            .map_or((null(), null()), |(o, s)| (o as *const _, s as *const _));
         let call = || unsafe {
             ssmk_causal_conv1d_fwd(
                 ctx.0, args.0, args.1, args.2, args.3, args.4, args.5, args.6, self.act, self.pad,
-                o,
+                o, co, cs,
             )
         };
         common::with_optional_isa(isa, call)
@@ -144,6 +151,7 @@ impl Fwd {
             act: self.act,
             pad: self.pad,
             out: Tensor::clone(&self.out),
+            ckpt: self.ckpt.clone(),
         }
     }
 
@@ -243,6 +251,7 @@ impl Spec {
             act: self.silu as u32,
             pad: -1,
             out,
+            ckpt: None,
         }
     }
 }
@@ -963,6 +972,7 @@ fn update_equals_fwd_with_state() {
                 act: u.act,
                 pad: u.pad,
                 out: Tensor::zeros(act, &[bn * qn, d]),
+                ckpt: None,
             };
             f.x.storage = u.x.storage.clone();
             f.out.storage = u.out.storage.clone();
@@ -1441,6 +1451,165 @@ fn perf_report() {
             let ctx = Ctx::new(threads);
             let bytes = (2 * 256 * d * size + 2 * 256 * 3 * d * size) as f64;
             report(label, bytes, time(|| u.run(&ctx, None)), threads);
+        }
+    }
+}
+
+/// `[B, C]` checkpoint tables (int64 offsets, int32 slots) from each sequence's `(offset, slot)`
+/// pairs, rows padded with `(0, -1)` entries (ignored whole).
+fn checkpoint_tables(rows: &[Vec<(i64, i64)>]) -> (Tensor, Tensor) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut offsets = Tensor::zeros(DType::I64, &[rows.len(), cols]);
+    let mut slots = Tensor::zeros(DType::I32, &[rows.len(), cols]);
+    for (b, row) in rows.iter().enumerate() {
+        for c in 0..cols {
+            let (o, s) = row.get(c).copied().unwrap_or((0, -1));
+            offsets.set(&[b, c], o as f64);
+            slots.set(&[b, c], s as f64);
+        }
+    }
+    (offsets, slots)
+}
+
+/// Per sequence, its checkpoints `(offset, slot)`.
+type Rows = Vec<Vec<(i64, i64)>>;
+
+/// A prefill crossing piece boundaries (256 tokens), a decode, a prefill without checkpoints, a
+/// two-token one, a padded sequence (its checkpoint ignored) and an empty one; checkpoints at 1,
+/// within `W-1` of the start (history rows), at piece boundaries and either side, at `len_b`.
+fn conv_checkpoint_batch() -> (Vec<usize>, Vec<i64>, Rows) {
+    let lens = vec![300, 1, 40, 2, 5, 0];
+    let slots = vec![0, 1, 2, 3, -1, 5];
+    let offsets: [&[i64]; 6] = [
+        &[1, 2, 3, 7, 255, 256, 257, 299, 300],
+        &[1],
+        &[],
+        &[1, 2],
+        &[3],
+        &[],
+    ];
+    let mut slot = 6;
+    let rows = offsets
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|&o| {
+                    slot += 1;
+                    (o, slot - 1)
+                })
+                .collect()
+        })
+        .collect();
+    (lens, slots, rows)
+}
+
+/// Checks ABI.md §4.10 for the conv call `f` (sequences from `starts`, own `slots`, initial
+/// states `init`) with checkpoint `rows` on every ISA: outputs and every slot but the
+/// checkpoints' bit-identical to the call without them; rows `0..W-1` of each checkpoint slot
+/// bit-identical to the state a call ending at that token stores (its rows `W-1..L` untouched);
+/// two and three threads bitwise equal.
+fn check_conv_checkpoints(f: &Fwd, rows: &Rows, slots: &[i64], init: &[bool], what: &str) {
+    let ctx = Ctx::new(2);
+    let starts: Vec<i64> = f
+        .qsl
+        .as_ref()
+        .unwrap()
+        .to_vec()
+        .iter()
+        .map(|&v| v as i64)
+        .collect();
+    let w = f.width();
+    let s0 = f.states.clone().unwrap();
+    let with_tables = |f: &Fwd| {
+        let mut a = f.clone();
+        a.ckpt = Some(checkpoint_tables(rows));
+        a
+    };
+    // Checkpoint slots written (a padded sequence's are ignored: checked unchanged).
+    let taken: Vec<usize> = rows
+        .iter()
+        .zip(slots)
+        .filter(|(_, own)| **own != -1)
+        .flat_map(|(r, _)| r.iter().map(|&(_, s)| s as usize))
+        .collect();
+    for isa in Isa::under_test() {
+        let what = format!("{what} [{isa:?}]");
+        let mut plain = f.clone();
+        plain.run(&ctx, Some(isa));
+        let mut with = with_tables(f);
+        with.run(&ctx, Some(isa));
+        assert!(
+            plain.out.storage == with.out.storage,
+            "{what}: out changed with checkpoints"
+        );
+        let (ps, ws) = (plain.states.unwrap(), with.states.clone().unwrap());
+        let [pool, l, d] = [0, 1, 2].map(|i| ws.shape[i] as usize);
+        for s in 0..pool {
+            for j in 0..l {
+                for c in 0..d {
+                    let want = match (taken.contains(&s), j + 1 >= w) {
+                        (true, false) => continue,
+                        (true, true) => s0.get(&[s, j, c]),
+                        (false, _) => ps.get(&[s, j, c]),
+                    };
+                    assert_eq!(
+                        ws.get(&[s, j, c]).to_bits(),
+                        want.to_bits(),
+                        "{what}: slot {s} row {j} channel {c} changed"
+                    );
+                }
+            }
+        }
+        for (b, row) in rows.iter().enumerate() {
+            if slots[b] == -1 {
+                continue;
+            }
+            for &(o, slot) in row {
+                let mut one = f.clone();
+                one.qsl = Some(Tensor::ints(DType::I64, &[starts[b], starts[b] + o]));
+                one.idx = Some(Tensor::ints(DType::I32, &[slots[b]]));
+                one.init = Some(Tensor::ints(DType::U8, &[init[b] as i64]));
+                one.run(&ctx, Some(isa));
+                let os = one.states.unwrap();
+                for j in 0..w - 1 {
+                    for c in 0..d {
+                        assert_eq!(
+                            ws.get(&[slot as usize, j, c]).to_bits(),
+                            os.get(&[slots[b] as usize, j, c]).to_bits(),
+                            "{what}: checkpoint of sequence {b} at {o} (slot {slot}) row {j} channel {c}"
+                        );
+                    }
+                }
+            }
+        }
+        let mut three = with_tables(f);
+        with_every_call_parallel(|| three.run(&Ctx::new(3), Some(isa)));
+        assert!(
+            three.out.storage == with.out.storage && three.states.unwrap().storage == ws.storage,
+            "{what}: three threads differ from two"
+        );
+    }
+}
+
+/// ABI.md §4.10 for the conv on every ISA: every activation and state dtype, widths 2..8, compact,
+/// channel-major and gapped pools (see [`check_conv_checkpoints`]).
+#[test]
+fn every_isa_fwd_checkpoints_equal_calls_ending_there() {
+    let (lens, slots, rows) = conv_checkpoint_batch();
+    for (i, act) in DTYPES.into_iter().enumerate() {
+        let layouts = [Pool::Compact, Pool::ChannelMajor, Pool::Gapped];
+        for (k, layout) in layouts.into_iter().enumerate() {
+            let w = [4usize, 3, 2, 8][(i + k) % 4];
+            let mut s = Spec::new(&lens, 72, w, act);
+            s.slots = Some(slots.clone());
+            s.extra_slots = 14;
+            s.layout = layout;
+            s.sdt = if k % 2 == 0 { DType::F32 } else { act };
+            s.state_rows = Some(w + k);
+            s.silu = k != 1;
+            s.seed = 60 + (3 * i + k) as u64;
+            let what = format!("act {act:?} state {:?} W {w} {layout:?}", s.sdt);
+            check_conv_checkpoints(&s.build(), &rows, &slots, s.init.as_ref().unwrap(), &what);
         }
     }
 }

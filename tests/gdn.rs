@@ -13,9 +13,10 @@ mod common;
 use std::collections::HashMap;
 
 use common::recurrent::{
-    PAD, RecurrentCall, RefSeq, SeqArgs, Written, check_out, check_state_pool, cu_seqlens, fill,
-    one_call_per_sequence, plain_seqs, ptr, ptr_mut, reversed_slots, run_every_isa, run_reference,
-    set_slots, shuffled_slots, slot_table, spec_seqs, tol, values,
+    PAD, RecurrentCall, RefSeq, SeqArgs, Written, check_checkpoint_errors, check_checkpoints,
+    check_out, check_state_pool, checkpoint_tables, cu_seqlens, fill, one_call_per_sequence,
+    plain_seqs, ptr, ptr_mut, reversed_slots, run_every_isa, run_reference, set_slots,
+    shuffled_slots, slot_table, spec_seqs, tol, values,
 };
 use common::{Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
@@ -46,6 +47,8 @@ struct Gdn {
     idx: Option<Tensor>,
     init: Option<Tensor>,
     accepted: Option<Tensor>,
+    ckpt_offsets: Option<Tensor>,
+    ckpt_slots: Option<Tensor>,
     flags: u32,
     eps: f32,
     scale: f32,
@@ -103,6 +106,8 @@ impl Gdn {
             idx: None,
             init: None,
             accepted: None,
+            ckpt_offsets: None,
+            ckpt_slots: None,
             flags: if l2norm { SSMK_GDN_QK_L2NORM } else { 0 },
             eps: 1e-6,
             scale: 0.0,
@@ -169,6 +174,8 @@ impl Gdn {
             idx: opt(&self.idx),
             init: opt(&self.init),
             accepted: opt(&self.accepted),
+            ckpt_offsets: opt(&self.ckpt_offsets),
+            ckpt_slots: opt(&self.ckpt_slots),
             out: self.out.desc(),
             scale: self.scale,
             flags: self.flags,
@@ -187,6 +194,14 @@ impl RecurrentCall for Gdn {
 
     fn call(&mut self, ctx: *const ssmk_context) -> i32 {
         self.call_mut(|_| {}, |d| unsafe { export(ctx, d) })
+    }
+
+    fn set_checkpoints(&mut self, offsets: Option<Tensor>, slots: Option<Tensor>) {
+        (self.ckpt_offsets, self.ckpt_slots) = (offsets, slots);
+    }
+
+    fn set_sequences(&mut self, cu: Tensor, idx: Tensor, init: Tensor) {
+        (self.cu, self.idx, self.init) = (Some(cu), Some(idx), Some(init));
     }
 }
 
@@ -210,6 +225,8 @@ unsafe fn export(ctx: *const ssmk_context, d: &Descs) -> i32 {
             d.eps,
             PAD,
             (&d.out as *const ssmk_tensor).cast_mut(),
+            ptr(&d.ckpt_offsets),
+            ptr(&d.ckpt_slots),
         )
     }
 }
@@ -225,6 +242,8 @@ struct Descs {
     idx: Option<ssmk_tensor>,
     init: Option<ssmk_tensor>,
     accepted: Option<ssmk_tensor>,
+    ckpt_offsets: Option<ssmk_tensor>,
+    ckpt_slots: Option<ssmk_tensor>,
     out: ssmk_tensor,
     scale: f32,
     flags: u32,
@@ -1579,6 +1598,8 @@ fn delta_rule_rejects_bad_inputs() {
                 0.0,
                 PAD,
                 (&d.out as *const ssmk_tensor).cast_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
             )
         },
     );
@@ -1751,5 +1772,143 @@ fn perf_report() {
         "decode B={b} f64 reference 1 thread: {:.2} ms, {:.1} GB/s of state",
         s * 1e3,
         bytes / s / 1e9
+    );
+}
+
+/// Sequences of the checkpoint cases: a long prefill, a decode, a prefill without checkpoints, a
+/// padded sequence, a prefill of whole chunks and a short one the recurrence takes; with each
+/// sequence's `(offset, slot)` checkpoints (slots from 7 up; the padded sequence's is ignored).
+fn checkpoint_batch() -> (Vec<usize>, Vec<Vec<(i64, i64)>>) {
+    let lens = vec![100, 1, 37, 5, 64, 20];
+    let offsets: [&[i64]; 6] = [
+        &[1, 15, 16, 17, 31, 32, 33, 48, 99, 100],
+        &[1],
+        &[],
+        &[3],
+        &[16, 32, 48, 64],
+        &[5, 19, 20],
+    ];
+    let mut slot = 7;
+    let rows = offsets
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|&o| {
+                    slot += 1;
+                    (o, slot - 1)
+                })
+                .collect()
+        })
+        .collect();
+    (lens, rows)
+}
+
+/// The checkpoint batch over a pool of 32 slots: sequence `b` in slot `b` (sequence 3 padded),
+/// initial states on the even sequences.
+fn checkpoint_case(seed: u64, act: DType, state: DType, kda: bool, tiled: bool) -> Gdn {
+    let (lens, _) = checkpoint_batch();
+    let mut p = Gdn::new(
+        seed,
+        lens.iter().sum(),
+        2,
+        4,
+        32,
+        24,
+        act,
+        Some((state, 32)),
+        true,
+    )
+    .with_seqs(&lens);
+    if kda {
+        p = p.with_channel_decays(seed + 1);
+    }
+    if tiled {
+        p.flags |= SSMK_GDN_GQA_TILED;
+    }
+    p.idx = Some(Tensor::ints(DType::I32, &[0, 1, 2, PAD, 4, 5]));
+    p.init = Some(Tensor::ints(DType::U8, &[1, 0, 1, 0, 1, 0]));
+    p
+}
+
+/// ABI.md §4.10: every checkpoint equals the state a call ending at that token stores (within
+/// the two-calls-equal-one tolerance; bit for bit on the f64 path); offsets at 1, at chunk
+/// boundaries and one token either side, at `len_b`; many, one and none per sequence; a padded
+/// sequence's checkpoint ignored; a decode beside prefills; every state dtype; per-head and
+/// per-channel decays, both GQA orders; `out` and the final states bit-identical to the call
+/// without checkpoints, on both paths and one and three threads, on every ISA.
+#[test]
+fn every_isa_checkpoints_equal_calls_ending_there() {
+    let (_, rows) = checkpoint_batch();
+    let paths = [Path::Recurrent, Path::Chunked, Path::Auto];
+    for (i, state) in [DType::F32, DType::BF16, DType::F16]
+        .into_iter()
+        .enumerate()
+    {
+        for (kda, tiled) in [(false, false), (true, true)] {
+            let act = [DType::BF16, DType::F32, DType::F16][(i + kda as usize) % 3];
+            let p = checkpoint_case(900 + i as u64, act, state, kda, tiled);
+            let what = format!("checkpoints act {act:?} state {state:?} kda {kda} tiled {tiled}");
+            check_checkpoints(&p, &rows, &paths, &what, tol(state).times(2.0));
+        }
+    }
+}
+
+/// Every bad checkpoint table of ABI.md §4.10 is rejected with nothing written; tables asking for
+/// nothing are accepted wherever NULL is (speculative mode and no state pool included).
+#[test]
+fn rejects_bad_checkpoints() {
+    let p = checkpoint_case(950, DType::F32, DType::F32, false, false);
+    check_checkpoint_errors(&p, 0, 20);
+    // No state pool: any live checkpoint is an error, pad entries are fine.
+    let mut none = p.clone();
+    (none.state, none.idx, none.init) = (None, None, None);
+    let (o, s) = checkpoint_tables(&[vec![(1, 3)], vec![], vec![], vec![], vec![], vec![]]);
+    none.set_checkpoints(Some(o), Some(s));
+    let before = Written::of(&none);
+    assert_error(
+        none.call(std::ptr::null()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["checkpoint_slots[0][0] = 3", "state pool is NULL"],
+    );
+    before.assert_kept(&none, "no pool");
+    let (o, s) = checkpoint_tables(&[vec![(1, PAD)], vec![], vec![], vec![], vec![], vec![]]);
+    none.set_checkpoints(Some(o), Some(s));
+    assert_eq!(
+        none.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    // Speculative mode: a live checkpoint is an error, a table of pad entries is fine.
+    let mut spec = Gdn::new(
+        951,
+        3,
+        2,
+        4,
+        32,
+        24,
+        DType::F32,
+        Some((DType::F32, 8)),
+        true,
+    )
+    .with_seqs(&[2, 1]);
+    spec.idx = Some(slot_table(DType::I32, &[0, 1, 2, PAD], 2));
+    spec.accepted = Some(Tensor::ints(DType::I32, &[1, 1]));
+    let (o, s) = checkpoint_tables(&[vec![(1, 5)], vec![]]);
+    spec.set_checkpoints(Some(o), Some(s));
+    let before = Written::of(&spec);
+    assert_error(
+        spec.call(std::ptr::null()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["checkpoint_slots[0][0] = 5", "speculative mode"],
+    );
+    before.assert_kept(&spec, "speculative");
+    let (o, s) = checkpoint_tables(&[vec![(1, PAD)], vec![(9, PAD)]]);
+    spec.set_checkpoints(Some(o), Some(s));
+    assert_eq!(
+        spec.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
     );
 }

@@ -36,9 +36,10 @@ mod common;
 use std::collections::HashMap;
 
 use common::recurrent::{
-    PAD, RecurrentCall, RefSeq, SeqArgs, Tol, Worst, Written, check_out, check_state_pool,
-    cu_seqlens, fill_with, one_call_per_sequence, plain_seqs, ptr, ptr_mut, reversed_slots,
-    run_every_isa, run_reference, set_slots, shuffled_slots, slot_table, spec_seqs, tol, values,
+    PAD, RecurrentCall, RefSeq, SeqArgs, Tol, Worst, Written, check_checkpoint_errors,
+    check_checkpoints, check_out, check_state_pool, checkpoint_tables, cu_seqlens, fill_with,
+    one_call_per_sequence, plain_seqs, ptr, ptr_mut, reversed_slots, run_every_isa, run_reference,
+    set_slots, shuffled_slots, slot_table, spec_seqs, tol, values,
 };
 use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
@@ -144,6 +145,8 @@ struct Scan {
     idx: Option<Tensor>,
     init: Option<Tensor>,
     accepted: Option<Tensor>,
+    ckpt_offsets: Option<Tensor>,
+    ckpt_slots: Option<Tensor>,
     out: Tensor,
 }
 
@@ -283,6 +286,8 @@ impl Scan {
             idx: None,
             init: None,
             accepted: None,
+            ckpt_offsets: None,
+            ckpt_slots: None,
             out,
         }
     }
@@ -312,6 +317,8 @@ impl Scan {
             idx: opt(&self.idx),
             init: opt(&self.init),
             accepted: opt(&self.accepted),
+            ckpt_offsets: opt(&self.ckpt_offsets),
+            ckpt_slots: opt(&self.ckpt_slots),
             out: self.out.desc(),
         };
         m(&mut d);
@@ -326,6 +333,14 @@ impl RecurrentCall for Scan {
 
     fn call(&mut self, ctx: *const ssmk_context) -> i32 {
         self.call_mut(|_| {}, |d| unsafe { export(ctx, d) })
+    }
+
+    fn set_checkpoints(&mut self, offsets: Option<Tensor>, slots: Option<Tensor>) {
+        (self.ckpt_offsets, self.ckpt_slots) = (offsets, slots);
+    }
+
+    fn set_sequences(&mut self, cu: Tensor, idx: Tensor, init: Tensor) {
+        (self.cu, self.idx, self.init) = (Some(cu), Some(idx), Some(init));
     }
 }
 
@@ -346,6 +361,8 @@ struct Descs {
     idx: Option<ssmk_tensor>,
     init: Option<ssmk_tensor>,
     accepted: Option<ssmk_tensor>,
+    ckpt_offsets: Option<ssmk_tensor>,
+    ckpt_slots: Option<ssmk_tensor>,
     out: ssmk_tensor,
 }
 
@@ -372,6 +389,8 @@ unsafe fn export(ctx: *const ssmk_context, d: &Descs) -> i32 {
             ptr(&d.accepted),
             PAD,
             (&d.out as *const ssmk_tensor).cast_mut(),
+            ptr(&d.ckpt_offsets),
+            ptr(&d.ckpt_slots),
         )
     }
 }
@@ -1727,6 +1746,8 @@ fn null_required_pointers() {
                         ptr(&d.accepted),
                         PAD,
                         pick(5, &d.out).cast_mut(),
+                        std::ptr::null(),
+                        std::ptr::null(),
                     )
                 }
             },
@@ -1734,4 +1755,115 @@ fn null_required_pointers() {
         assert_error(code, SSMK_ERR_NULL_POINTER, &[&format!("{name} is NULL")]);
         before.assert_kept(&p, name);
     }
+}
+
+/// Sequences of the checkpoint cases: a long prefill, a decode, a prefill without checkpoints, a
+/// padded sequence, a prefill of whole chunks and a short one the recurrence takes; with each
+/// sequence's `(offset, slot)` checkpoints (slots from 7 up; the padded sequence's is ignored).
+fn checkpoint_batch() -> (Vec<usize>, Vec<Vec<(i64, i64)>>) {
+    let lens = vec![200, 1, 70, 5, 128, 15];
+    let offsets: [&[i64]; 6] = [
+        &[1, 63, 64, 65, 127, 128, 129, 199, 200],
+        &[1],
+        &[],
+        &[3],
+        &[64, 128],
+        &[7, 15],
+    ];
+    let mut slot = 7;
+    let rows = offsets
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|&o| {
+                    slot += 1;
+                    (o, slot - 1)
+                })
+                .collect()
+        })
+        .collect();
+    (lens, rows)
+}
+
+/// The checkpoint batch over a pool of 32 slots: sequence `b` in slot `b` (sequence 3 padded),
+/// initial states on the even sequences.
+fn checkpoint_case(seed: u64, dims: (usize, usize, usize, usize), o: Opts) -> Scan {
+    let (lens, _) = checkpoint_batch();
+    let mut p = Scan::new(seed, lens.iter().sum(), dims, o, 32).with_seqs(&lens);
+    p.idx = Some(Tensor::ints(DType::I32, &[0, 1, 2, PAD, 4, 5]));
+    p.init = Some(Tensor::ints(DType::U8, &[1, 0, 1, 0, 1, 0]));
+    p
+}
+
+/// ABI.md §4.10: every checkpoint equals the state a call ending at that token stores (within
+/// the two-calls-equal-one tolerance; bit for bit on the f64 path); offsets at 1, at chunk
+/// boundaries and one token either side, at `len_b`; many, one and none per sequence; a padded
+/// sequence's checkpoint ignored; a decode beside prefills; every state dtype and option;
+/// `out` and the final states bit-identical to the call without checkpoints, on both paths and
+/// one and three threads, on every ISA.
+#[test]
+fn every_isa_checkpoints_equal_calls_ending_there() {
+    let (_, rows) = checkpoint_batch();
+    let paths = [Path::Recurrent, Path::Chunked, Path::Auto];
+    for (i, dims) in [(4, 32, 2, 16), (3, 5, 1, 7), (2, 64, 2, 64)]
+        .into_iter()
+        .enumerate()
+    {
+        let o = Opts {
+            state: Some(FLOATS[i]),
+            ..Opts::rotate(7 * i + 3)
+        };
+        let p = checkpoint_case(700 + i as u64, dims, o);
+        let what = format!("checkpoints dims {dims:?} {o:?}");
+        check_checkpoints(&p, &rows, &paths, &what, state_tol(&p).times(2.0));
+    }
+}
+
+/// Every bad checkpoint table of ABI.md §4.10 is rejected with nothing written; tables asking for
+/// nothing are accepted wherever NULL is (speculative mode and no state pool included).
+#[test]
+fn rejects_bad_checkpoints() {
+    let p = checkpoint_case(750, (4, 32, 2, 16), Opts::all(DType::F32, DType::F32));
+    check_checkpoint_errors(&p, 0, 20);
+    let mut none = p.clone();
+    (none.state, none.idx, none.init) = (None, None, None);
+    let (o, s) = checkpoint_tables(&[vec![(1, 3)], vec![], vec![], vec![], vec![], vec![]]);
+    none.set_checkpoints(Some(o), Some(s));
+    let before = Written::of(&none);
+    assert_error(
+        none.call(std::ptr::null()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["checkpoint_slots[0][0] = 3", "state pool is NULL"],
+    );
+    before.assert_kept(&none, "no pool");
+    let (o, s) = checkpoint_tables(&[vec![(1, PAD)], vec![], vec![], vec![], vec![], vec![]]);
+    none.set_checkpoints(Some(o), Some(s));
+    assert_eq!(
+        none.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
+    let (mut spec, _) = spec_case(751, (4, 32, 2, 16), Opts::all(DType::F32, DType::F32));
+    let b = SPEC.len();
+    let mut rows = vec![vec![]; b];
+    rows[0] = vec![(1, 43)];
+    let (o, s) = checkpoint_tables(&rows);
+    spec.set_checkpoints(Some(o), Some(s));
+    let before = Written::of(&spec);
+    assert_error(
+        spec.call(std::ptr::null()),
+        SSMK_ERR_INVALID_ARGUMENT,
+        &["checkpoint_slots[0][0] = 43", "speculative mode"],
+    );
+    before.assert_kept(&spec, "speculative");
+    rows[0] = vec![(1, PAD)];
+    let (o, s) = checkpoint_tables(&rows);
+    spec.set_checkpoints(Some(o), Some(s));
+    assert_eq!(
+        spec.call(std::ptr::null()),
+        SSMK_OK,
+        "{}",
+        common::last_error()
+    );
 }

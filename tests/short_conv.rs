@@ -17,6 +17,7 @@ use ssmk::runtime::{Isa, with_every_call_parallel};
 use ssmk::tensor::ssmk_tensor;
 
 /// One call's inputs. `slots[b] == -1` pads sequence `b`.
+#[derive(Clone)]
 struct Case {
     dtype: DType,
     dim: usize,
@@ -27,6 +28,8 @@ struct Case {
     weight: Tensor,
     bias: Option<Tensor>,
     states: Option<Tensor>,
+    /// `(checkpoint_offsets, checkpoint_slots)`, or both NULL.
+    ckpt: Option<(Tensor, Tensor)>,
 }
 
 impl Case {
@@ -59,6 +62,7 @@ impl Case {
             weight,
             bias: Some(bias),
             states: Some(states),
+            ckpt: None,
         }
     }
 
@@ -105,9 +109,13 @@ impl Case {
                 null()
             },
         );
+        let ckpt = self.ckpt.as_ref().map(|(o, s)| (o.desc(), s.desc()));
+        let (co, cs) = ckpt
+            .as_ref()
+            .map_or((null(), null()), |(o, s)| (o as *const _, s as *const _));
         let call = || unsafe {
             ssmk_short_conv(
-                ctx.0, &bcx, &w, args.0, args.1, &qd, &id, args.2, -1, &mut od,
+                ctx.0, &bcx, &w, args.0, args.1, &qd, &id, args.2, -1, &mut od, co, cs,
             )
         };
         let code = common::with_optional_isa(isa, call);
@@ -146,6 +154,8 @@ impl Case {
                 SSMK_ACTIVATION_NONE,
                 -1,
                 &mut yd,
+                std::ptr::null(),
+                std::ptr::null(),
             )
         };
         assert_eq!(code, SSMK_OK, "{}", common::last_error());
@@ -485,7 +495,22 @@ fn rejects_bad_inputs_without_writing() {
                 init: *const ssmk_tensor,
                 out: &mut ssmk_tensor| {
         let mut sd = states.desc();
-        unsafe { ssmk_short_conv(ctx.0, bcx, w, null(), &mut sd, q, idx, init, -1, out) }
+        unsafe {
+            ssmk_short_conv(
+                ctx.0,
+                bcx,
+                w,
+                null(),
+                &mut sd,
+                q,
+                idx,
+                init,
+                -1,
+                out,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        }
     };
     let (bcx, w, qd, id) = (case.bcx.desc(), case.weight.desc(), q.desc(), idx.desc());
     // bcx columns not 3 * D.
@@ -568,6 +593,8 @@ fn rejects_bad_inputs_without_writing() {
             null(),
             -1,
             &mut od,
+            std::ptr::null(),
+            std::ptr::null(),
         )
     };
     assert_error(code, SSMK_ERR_NULL_POINTER, &["bcx is NULL"]);
@@ -575,4 +602,123 @@ fn rejects_bad_inputs_without_writing() {
         out.bytes() == out_before && states.bytes() == states_before,
         "nothing written on error"
     );
+}
+
+/// ABI.md §4.10 for ShortConv on every ISA and dtype: rows `0..W-1` of each checkpoint slot are
+/// bit-identical to the state a call ending at that token stores (the rounded `B * x` inputs, or
+/// history rows for a checkpoint within `W-1` tokens of the start), rows `W-1..` untouched; `out`
+/// and every other slot bit-identical to the call without checkpoints; a padded sequence's
+/// checkpoint ignored; one and three threads bitwise equal.
+#[test]
+fn every_isa_checkpoints_equal_calls_ending_there() {
+    let ctx = Ctx::new(2);
+    let lens = [300usize, 1, 40, 2, 5];
+    let own = [0i64, 1, 2, 3, -1];
+    let offsets: [&[i64]; 5] = [&[1, 2, 255, 256, 257, 300], &[1], &[], &[1, 2], &[3]];
+    let mut next = 5i64;
+    let rows: Vec<Vec<(i64, i64)>> = offsets
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|&o| {
+                    next += 1;
+                    (o, next - 1)
+                })
+                .collect()
+        })
+        .collect();
+    let cols = rows.iter().map(Vec::len).max().unwrap();
+    let (mut offs, mut slots) = (
+        Tensor::zeros(DType::I32, &[lens.len(), cols]),
+        Tensor::zeros(DType::I64, &[lens.len(), cols]),
+    );
+    for (b, row) in rows.iter().enumerate() {
+        for c in 0..cols {
+            let (o, s) = row.get(c).copied().unwrap_or((0, -1));
+            offs.set(&[b, c], o as f64);
+            slots.set(&[b, c], s as f64);
+        }
+    }
+    for (i, dtype) in [DType::F32, DType::BF16, DType::F16]
+        .into_iter()
+        .enumerate()
+    {
+        let width = [3usize, 4, 2][i];
+        let mut case = Case::new(dtype, 40, width, &lens, 70 + i as u64);
+        case.slots = own.to_vec();
+        case.initial = vec![true, true, false, true, false];
+        // f32 states for the narrow dtypes: the rounding of `B * x` then shows in the state.
+        let sdt = if dtype == DType::F32 {
+            dtype
+        } else {
+            DType::F32
+        };
+        let mut pool = Tensor::zeros(sdt, &[next as usize + 2, width + 1, case.dim]);
+        pool.fill_random(80 + i as u64, 1.5);
+        case.states = Some(pool);
+        let starts: Vec<usize> = case.starts().to_vec().iter().map(|&v| v as usize).collect();
+        let initial = case.states.clone().unwrap();
+        for isa in Isa::under_test() {
+            let what = format!("{dtype:?} W {width} [{isa:?}]");
+            let (plain_out, plain_st) = case.fused(&ctx, Some(isa));
+            let mut with = case.clone();
+            with.ckpt = Some((offs.clone(), slots.clone()));
+            let (out, st) = with.fused(&ctx, Some(isa));
+            let st = st.unwrap();
+            assert!(out.storage == plain_out.storage, "{what}: out changed");
+            let plain_st = plain_st.unwrap();
+            let taken: Vec<usize> = rows[..4]
+                .iter()
+                .flatten()
+                .map(|&(_, s)| s as usize)
+                .collect();
+            for s in 0..st.shape[0] as usize {
+                for j in 0..=width {
+                    for c in 0..case.dim {
+                        let want = match (taken.contains(&s), j + 1 >= width) {
+                            (true, false) => continue,
+                            (true, true) => initial.get(&[s, j, c]),
+                            (false, _) => plain_st.get(&[s, j, c]),
+                        };
+                        assert_eq!(
+                            st.get(&[s, j, c]).to_bits(),
+                            want.to_bits(),
+                            "{what}: slot {s} row {j} channel {c}"
+                        );
+                    }
+                }
+            }
+            for (b, row) in rows[..4].iter().enumerate() {
+                for &(o, slot) in row {
+                    let mut alone = case.clone();
+                    alone.lens = vec![o as usize];
+                    alone.slots = vec![own[b]];
+                    alone.initial = vec![case.initial[b]];
+                    let mut bcx = Tensor::zeros(dtype, &[o as usize, 3 * case.dim]);
+                    for t in 0..o as usize {
+                        for c in 0..3 * case.dim {
+                            bcx.set(&[t, c], case.bcx.get(&[starts[b] + t, c]));
+                        }
+                    }
+                    alone.bcx = bcx;
+                    let (_, one) = alone.fused(&ctx, Some(isa));
+                    let one = one.unwrap();
+                    for j in 0..width - 1 {
+                        for c in 0..case.dim {
+                            assert_eq!(
+                                st.get(&[slot as usize, j, c]).to_bits(),
+                                one.get(&[own[b] as usize, j, c]).to_bits(),
+                                "{what}: checkpoint of sequence {b} at {o} row {j} channel {c}"
+                            );
+                        }
+                    }
+                }
+            }
+            let (out3, st3) = with_every_call_parallel(|| with.fused(&Ctx::new(3), Some(isa)));
+            assert!(
+                out3.storage == out.storage && st3.unwrap().storage == st.storage,
+                "{what}: three threads differ"
+            );
+        }
+    }
 }

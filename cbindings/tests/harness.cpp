@@ -188,10 +188,27 @@ TEST_CASE(raw_c_update_equals_fwd_on_one_token) {
   ssmk::view<int64_t> qv(qsl.data(), {4});
   ssmk::view<int32_t> hv(init.data(), {3});
   CHECK_STATUS(ssmk_causal_conv1d_fwd(ctx.get(), xv.get(), wv.get(), nullptr, sv2.get(), qv.get(), nullptr, hv.get(),
-                                      SSMK_ACTIVATION_NONE, -1, o2.get()),
+                                      SSMK_ACTIVATION_NONE, -1, o2.get(), nullptr, nullptr),
                SSMK_OK);
   CHECK(std::memcmp(out1.data(), out2.data(), out1.size() * 2) == 0);
   CHECK(std::memcmp(st.data(), st2.data(), st.size() * 2) == 0);
+  // A checkpoint (ABI.md §4.10): one 3-token sequence in slot 0 with its state after token 2 in
+  // slot 2 equals a 2-token call's final state; a checkpoint in the sequence's own slot is refused.
+  {
+    std::vector<ssmk::bf16> st3 = st, st4 = st, o3(3 * D), o4(2 * D);
+    std::vector<int64_t> one = {0, 3}, two = {0, 2}, offs = {2}, slots = {2};
+    ssmk::view<ssmk::bf16> x3(x.data(), {3, D}), x2(x.data(), {2, D}), s3(st3.data(), {B, L, D}),
+        s4(st4.data(), {B, L, D}), ov3(o3.data(), {3, D}), ov4(o4.data(), {2, D});
+    ssmk::view<int64_t> q3(one.data(), {2}), q2(two.data(), {2}), co(offs.data(), {1, 1}), cs(slots.data(), {1, 1});
+    ssmk::causal_conv1d_fwd(ctx, x3, wv, nullptr, &s3, &q3, nullptr, nullptr, SSMK_ACTIVATION_NONE, -1, ov3, &co, &cs);
+    ssmk::causal_conv1d_fwd(ctx, x2, wv, nullptr, &s4, &q2, nullptr, nullptr, SSMK_ACTIVATION_NONE, -1, ov4);
+    CHECK(std::memcmp(&st3[2 * L * D], &st4[0], (W - 1) * D * 2) == 0);
+    slots[0] = 0;
+    CHECK_STATUS(ssmk_causal_conv1d_fwd(ctx.get(), x3.get(), wv.get(), nullptr, s3.get(), q3.get(), nullptr, nullptr,
+                                        SSMK_ACTIVATION_NONE, -1, ov3.get(), co.get(), cs.get()),
+                 SSMK_ERR_INVALID_ARGUMENT);
+    CHECK(contains(ssmk_last_error_message(), "checkpoint_slots[0][0] = 0"));
+  }
   // Unknown activation value: refused, named.
   CHECK_STATUS(ssmk_causal_conv1d_update(ctx.get(), xv.get(), sv.get(), wv.get(), nullptr, nullptr, nullptr, 5, -1,
                                          o1.get()),

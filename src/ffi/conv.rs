@@ -3,10 +3,12 @@
 
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
-use super::sequences::{parse_batch, parse_slots};
+use super::sequences::{CheckpointTables, parse_batch, parse_checkpoints, parse_slots};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::kernels::conv::{self, MAX_WIDTH, MIN_WIDTH, Matrix, Problem, Seq, StateUpdate};
+use crate::kernels::conv::{
+    self, Checkpoint, MAX_WIDTH, MIN_WIDTH, Matrix, Problem, Seq, StateUpdate,
+};
 use crate::tensor::{View, ssmk_tensor};
 use crate::{bail, ensure};
 
@@ -118,6 +120,8 @@ pub(crate) struct OptionalArgs {
     pub starts: Option<View>,
     pub indices: Option<View>,
     pub initial: Option<View>,
+    pub checkpoint_offsets: Option<View>,
+    pub checkpoint_slots: Option<View>,
 }
 
 impl OptionalArgs {
@@ -125,12 +129,15 @@ impl OptionalArgs {
     ///
     /// # Safety
     /// Each pointer is NULL or a valid descriptor.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn read(
         bias: *const ssmk_tensor,
         conv_states: *mut ssmk_tensor,
         query_start_loc: *const ssmk_tensor,
         cache_indices: *const ssmk_tensor,
         has_initial_state: *const ssmk_tensor,
+        checkpoint_offsets: *const ssmk_tensor,
+        checkpoint_slots: *const ssmk_tensor,
     ) -> Result<OptionalArgs> {
         unsafe {
             Ok(OptionalArgs {
@@ -139,6 +146,8 @@ impl OptionalArgs {
                 starts: View::optional("query_start_loc", query_start_loc)?,
                 indices: View::optional("cache_indices", cache_indices)?,
                 initial: View::optional("has_initial_state", has_initial_state)?,
+                checkpoint_offsets: View::optional("checkpoint_offsets", checkpoint_offsets)?,
+                checkpoint_slots: View::optional("checkpoint_slots", checkpoint_slots)?,
             })
         }
     }
@@ -171,6 +180,8 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
         starts,
         indices,
         initial,
+        o.checkpoint_offsets.as_ref(),
+        o.checkpoint_slots.as_ref(),
     ];
     out.expect_disjoint_from(&inputs)?;
     if let Some(s) = states {
@@ -192,6 +203,38 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
             "has_initial_state[{b}] = true but conv_states is NULL, expected false (no state to continue from)"
         );
     }
+    let lens: Vec<usize> = (0..batch.len()).map(|b| batch.tokens(b).len()).collect();
+    let padded: Vec<bool> = batch.slots.iter().map(Option::is_none).collect();
+    let own: Vec<usize> = match states {
+        Some(_) => batch.slots.iter().flatten().copied().collect(),
+        None => Vec::new(),
+    };
+    let checkpoints = parse_checkpoints(
+        CheckpointTables {
+            offsets: o.checkpoint_offsets.as_ref(),
+            slots: o.checkpoint_slots.as_ref(),
+        },
+        &lens,
+        &padded,
+        &own,
+        a.pad_slot_id,
+        num_slots,
+        false,
+    )?;
+    let checkpoints = match states {
+        Some(st) => checkpoints
+            .iter()
+            .enumerate()
+            .flat_map(|(seq, cps)| {
+                cps.iter().map(move |cp| Checkpoint {
+                    seq,
+                    after: cp.after,
+                    state: elem_ptr(st, &[cp.slot, 0, 0]),
+                })
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let seqs = (0..batch.len())
         .map(|b| {
             let tokens = batch.tokens(b);
@@ -224,6 +267,7 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
         state_ch: states.map_or(0, |s| s.strides[2]),
         gates: None,
         seqs,
+        checkpoints,
     })
 }
 
@@ -246,6 +290,17 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
 /// sequences share the call. Every argument is validated before anything is written. Thread-safe:
 /// concurrent calls must not write memory another call reads or writes.
 ///
+/// State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+/// and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+/// not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+/// sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+/// the value a call ending at that token would have stored there (rows `0..W-2` of the checkpoint
+/// slot hold the last `W-1` inputs, bit for bit; rows `W-1..L-1` are never touched). Entries of
+/// padded sequences and entries whose slot is `pad_slot_id` are ignored whole (their offsets are
+/// not checked); a table with no other entry, or `C = 0`, is accepted wherever NULL is (also in
+/// speculative mode or without a pool). `out` and every sequence's final state are bit-identical
+/// with or without checkpoints, for any thread count.
+///
 /// @param ctx               context (threads), or NULL for the process default.
 /// @param x                 `[T, D]` float32, bfloat16 or float16: the activations. Any strides;
 ///                          contiguous channels (`strides[1] == 1`) take the fast path.
@@ -262,12 +317,21 @@ pub(crate) fn prefill_problem(a: &PrefillArgs) -> Result<Problem> {
 /// @param activation        SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
 /// @param pad_slot_id       slot value that marks a padded sequence (vLLM uses -1).
 /// @param out               `[T, D]`, the dtype of `x`; written. Must not overlap any input or `conv_states`.
+/// @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+///                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+/// @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+///                            distinct, none a slot of a sequence of the call.
 /// @retval SSMK_OK                     done.
 /// @retval SSMK_ERR_NULL_POINTER       `x`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
 /// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length, activation, offsets
 ///                                     order, duplicate slot, or `has_initial_state` true without state.
+///                                     Checkpoints: only one table given, unequal shapes or
+///                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+///                                     sequence of the call, a checkpoint without a state pool.
 /// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
 /// @retval SSMK_ERR_OUT_OF_BOUNDS      an offset above `T`, or a slot outside `[0, S)` that is not `pad_slot_id`.
+///                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+///                                     outside `[0, S)` (other than `pad_slot_id`).
 /// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
 /// @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
 /// @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
@@ -290,6 +354,8 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
     activation: u32,
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
+    checkpoint_offsets: *const ssmk_tensor,
+    checkpoint_slots: *const ssmk_tensor,
 ) -> i32 {
     guard(|| {
         let ctx = unsafe { resolve(ctx) };
@@ -302,6 +368,8 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
                 query_start_loc,
                 cache_indices,
                 has_initial_state,
+                checkpoint_offsets,
+                checkpoint_slots,
             )
         }?;
         let out = unsafe { View::required("out", out) }?;
@@ -490,6 +558,7 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_update(
             state_ch: states.strides[2],
             gates: None,
             seqs,
+            checkpoints: Vec::new(),
         };
         conv::run(ctx, &p);
         Ok(())

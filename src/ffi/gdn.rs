@@ -2,7 +2,7 @@
 
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
-use super::sequences::parse_sequences;
+use super::sequences::{CheckpointTables, attach_checkpoints, parse_sequences};
 use super::views::{FLOATS, expect_outputs_disjoint, expect_shape, strided};
 use crate::dtype::DType;
 use crate::kernels::gdn::gating::{self, Gating, KdaGating};
@@ -35,9 +35,16 @@ pub const SSMK_GDN_GQA_TILED: u32 = 2;
 /// @param softplus_threshold not NaN.
 /// @param g                  `[N, HV]` f32, written; must not overlap any input, `beta` or itself.
 /// @param beta               `[N, HV]` f32/bf16/f16, written; must not overlap any input, `g` or itself.
+/// @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+///                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+/// @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+///                            distinct, none a slot of a sequence of the call.
 /// @retval SSMK_OK                     done.
 /// @retval SSMK_ERR_NULL_POINTER       a descriptor is NULL, or non-empty with NULL data.
 /// @retval SSMK_ERR_INVALID_ARGUMENT   a shape, stride or scalar is inconsistent.
+///                                     Checkpoints: only one table given, unequal shapes or
+///                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+///                                     sequence of the call, a checkpoint without a state pool.
 /// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
 /// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
 /// @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
@@ -301,6 +308,19 @@ pub unsafe extern "C" fn ssmk_kda_gating(
 /// when `state_indices[b][0] == pad_slot_id`. A zero-length sequence writes nothing. Every written
 /// slot must be distinct, and no sequence may read a slot another sequence writes.
 ///
+/// State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+/// and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+/// not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+/// sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+/// the value a call ending at that token would have stored there (within the two-calls-equal-one
+/// tolerance, rounded once as a final state is: inside a chunk of the chunked form the recurrence
+/// runs from the chunk's start into a copy, so the chunks of the main computation never move. Not
+/// allowed with `num_accepted_tokens`). Entries of padded sequences and entries whose slot is
+/// `pad_slot_id` are ignored whole (their offsets are not checked); a table with no other entry, or
+/// `C = 0`, is accepted wherever NULL is (also in speculative mode or without a pool). `out` and
+/// every sequence's final state are bit-identical with or without checkpoints, for any thread
+/// count.
+///
 /// @param ctx                 context, or NULL for the process default.
 /// @param q                   `[T, H, K]` f32/bf16/f16.
 /// @param k                   `[T, H, K]` f32/bf16/f16.
@@ -327,6 +347,8 @@ pub unsafe extern "C" fn ssmk_kda_gating(
 /// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
 /// @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
 ///                                     offset outside `[0, T]`.
+///                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+///                                     outside `[0, S)` (other than `pad_slot_id`).
 /// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
 /// @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
 /// @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
@@ -354,6 +376,8 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
     l2norm_eps: f32,
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
+    checkpoint_offsets: *const ssmk_tensor,
+    checkpoint_slots: *const ssmk_tensor,
 ) -> i32 {
     guard(|| {
         let ctx = unsafe { resolve(ctx) };
@@ -368,6 +392,9 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
         let state_indices = unsafe { View::optional("state_indices", state_indices) }?;
         let has_initial_state = unsafe { View::optional("has_initial_state", has_initial_state) }?;
         let num_accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
+        let checkpoint_offsets =
+            unsafe { View::optional("checkpoint_offsets", checkpoint_offsets) }?;
+        let checkpoint_slots = unsafe { View::optional("checkpoint_slots", checkpoint_slots) }?;
 
         q.expect_ndim(3)?;
         q.expect_dtype(&FLOATS)?;
@@ -457,7 +484,7 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
         let inputs = [Some(&q), Some(&k), Some(&v), Some(&g), Some(&beta)];
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
 
-        let sequences = parse_sequences(
+        let mut sequences = parse_sequences(
             tokens,
             cu_seqlens.as_ref(),
             state_indices.as_ref(),
@@ -465,6 +492,16 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
             num_accepted.as_ref(),
             pad_slot_id,
             state.as_ref().map(|s| s.shape[0]),
+        )?;
+        attach_checkpoints(
+            &mut sequences,
+            CheckpointTables {
+                offsets: checkpoint_offsets.as_ref(),
+                slots: checkpoint_slots.as_ref(),
+            },
+            pad_slot_id,
+            state.as_ref().map(|s| s.shape[0]),
+            num_accepted.is_some(),
         )?;
 
         let scale = if scale <= 0.0 {

@@ -2,7 +2,7 @@
 
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
-use super::sequences::parse_sequences;
+use super::sequences::{CheckpointTables, attach_checkpoints, parse_sequences};
 use super::views::{FLOATS, expect_outputs_disjoint, expect_shape, strided};
 use crate::dtype::DType;
 use crate::ensure;
@@ -51,6 +51,19 @@ fn per_head(v: Option<&View>, heads: usize, absent: f32) -> crate::error::Result
 /// not depend on the thread count or on the other sequences of the call. Thread-safe; nothing is
 /// written unless every argument is valid.
 ///
+/// State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+/// and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+/// not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+/// sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+/// the value a call ending at that token would have stored there (within the two-calls-equal-one
+/// tolerance, rounded once as a final state is: inside a chunk of the SSD form the recurrence runs
+/// from the chunk's start into a copy, so the chunks of the main computation never move. Not
+/// allowed with `num_accepted_tokens`). Entries of padded sequences and entries whose slot is
+/// `pad_slot_id` are ignored whole (their offsets are not checked); a table with no other entry, or
+/// `C = 0`, is accepted wherever NULL is (also in speculative mode or without a pool). `out` and
+/// every sequence's final state are bit-identical with or without checkpoints, for any thread
+/// count.
+///
 /// @param ctx                 context, or NULL for the process default.
 /// @param x                   `[T, NH, P]` f32/bf16/f16.
 /// @param dt                  `[T, NH]` f32/bf16/f16.
@@ -72,14 +85,23 @@ fn per_head(v: Option<&View>, heads: usize, absent: f32) -> crate::error::Result
 /// @param pad_slot_id         slot value marking padded sequences (vLLM: -1).
 /// @param out                 `[T, NH, P]` of x's dtype, written; must not overlap any input,
 ///                            `state` or itself.
+/// @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+///                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+/// @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+///                            distinct, none a slot of a sequence of the call.
 /// @retval SSMK_OK                     done.
 /// @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
 /// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or limit; `NH % G != 0`;
 ///                                     duplicate slots; `num_accepted_tokens` or a sequence length
 ///                                     outside its range; `has_initial_state` true with no state.
+///                                     Checkpoints: only one table given, unequal shapes or
+///                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+///                                     sequence of the call, a checkpoint without a state pool.
 /// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above, or `out` not of x's dtype.
 /// @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
 ///                                     offset outside `[0, T]`.
+///                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+///                                     outside `[0, S)` (other than `pad_slot_id`).
 /// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
 /// @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
 /// @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
@@ -110,6 +132,8 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
     num_accepted_tokens: *const ssmk_tensor,
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
+    checkpoint_offsets: *const ssmk_tensor,
+    checkpoint_slots: *const ssmk_tensor,
 ) -> i32 {
     guard(|| {
         let ctx = unsafe { resolve(ctx) };
@@ -127,6 +151,9 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
         let state_indices = unsafe { View::optional("state_indices", state_indices) }?;
         let has_initial_state = unsafe { View::optional("has_initial_state", has_initial_state) }?;
         let num_accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
+        let checkpoint_offsets =
+            unsafe { View::optional("checkpoint_offsets", checkpoint_offsets) }?;
+        let checkpoint_slots = unsafe { View::optional("checkpoint_slots", checkpoint_slots) }?;
 
         x.expect_ndim(3)?;
         x.expect_dtype(&FLOATS)?;
@@ -214,7 +241,7 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             dt_bias.as_ref(),
         ];
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
-        let sequences = parse_sequences(
+        let mut sequences = parse_sequences(
             tokens,
             cu_seqlens.as_ref(),
             state_indices.as_ref(),
@@ -222,6 +249,16 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             num_accepted.as_ref(),
             pad_slot_id,
             state.as_ref().map(|s| s.shape[0]),
+        )?;
+        attach_checkpoints(
+            &mut sequences,
+            CheckpointTables {
+                offsets: checkpoint_offsets.as_ref(),
+                slots: checkpoint_slots.as_ref(),
+            },
+            pad_slot_id,
+            state.as_ref().map(|s| s.shape[0]),
+            num_accepted.is_some(),
         )?;
         debug_assert!(
             state.is_some()

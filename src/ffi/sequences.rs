@@ -3,7 +3,7 @@
 //! `pad_slot_id`, checked once here so every kernel applies the same rules with the same messages.
 
 use crate::error::Result;
-use crate::kernels::{Sequence, StateWrite};
+use crate::kernels::{Checkpoint, Sequence, StateWrite};
 use crate::tensor::View;
 use crate::{bail, ensure};
 
@@ -214,6 +214,7 @@ pub fn parse_sequences(
                         padded: true,
                         read: None,
                         write: StateWrite::Nothing,
+                        checkpoints: Vec::new(),
                     },
                     Some(slot) => Sequence {
                         start: starts[b],
@@ -225,6 +226,7 @@ pub fn parse_sequences(
                         } else {
                             StateWrite::Nothing
                         },
+                        checkpoints: Vec::new(),
                     },
                 })
                 .collect()
@@ -286,6 +288,7 @@ fn speculative_sequences(
                 padded: true,
                 read: None,
                 write: StateWrite::Nothing,
+                checkpoints: Vec::new(),
             });
             continue;
         }
@@ -296,6 +299,7 @@ fn speculative_sequences(
                 padded: false,
                 read: None,
                 write: StateWrite::Nothing,
+                checkpoints: Vec::new(),
             });
             continue;
         };
@@ -335,6 +339,7 @@ fn speculative_sequences(
             padded: false,
             read,
             write: StateWrite::PerToken(slots),
+            checkpoints: Vec::new(),
         });
     }
     writes.sort_unstable();
@@ -366,4 +371,154 @@ fn speculative_sequences(
         }
     }
     Ok(sequences)
+}
+
+/// The two checkpoint tables of a prefill call (ABI.md §4.10), `[B, C]` each, or NULL.
+#[derive(Clone, Copy, Default)]
+pub struct CheckpointTables<'a> {
+    pub offsets: Option<&'a View>,
+    pub slots: Option<&'a View>,
+}
+
+/// Sequence `b`'s checkpoints (sorted by offset) from `tables`, for a call whose sequences have
+/// `lens` tokens, are padded where `padded`, and own the slots `own_slots` of a pool of
+/// `num_slots` slots (`None`: no pool). Entries whose slot is `pad_slot_id`, and every entry of
+/// a padded sequence, are ignored whole; any other entry in `speculative` mode, without a pool, at
+/// an offset outside `[1, len_b]`, at a slot outside `[0, S)`, at a slot another checkpoint of the
+/// call or any sequence of it owns, is an error.
+pub fn parse_checkpoints(
+    tables: CheckpointTables,
+    lens: &[usize],
+    padded: &[bool],
+    own_slots: &[usize],
+    pad_slot_id: i64,
+    num_slots: Option<usize>,
+    speculative: bool,
+) -> Result<Vec<Vec<Checkpoint>>> {
+    let batch = lens.len();
+    let mut out = vec![Vec::new(); batch];
+    let (offsets, slots) = match (tables.offsets, tables.slots) {
+        (None, None) => return Ok(out),
+        (Some(o), Some(s)) => (o, s),
+        (Some(_), None) => bail!(
+            InvalidArgument,
+            "checkpoint_offsets is given and checkpoint_slots is NULL, expected both or neither"
+        ),
+        (None, Some(_)) => bail!(
+            InvalidArgument,
+            "checkpoint_slots is given and checkpoint_offsets is NULL, expected both or neither"
+        ),
+    };
+    for t in [offsets, slots] {
+        t.expect_ndim(2)?;
+    }
+    ensure!(
+        offsets.shape[..2] == slots.shape[..2],
+        InvalidArgument,
+        "checkpoint_offsets.shape = {:?}, checkpoint_slots.shape = {:?}, expected equal shapes [B, C]",
+        offsets.dims(),
+        slots.dims()
+    );
+    offsets.expect_dim(0, batch, "number of sequences B")?;
+    let cols = offsets.shape[1];
+    let (offset_table, slot_table) = (offsets.read_indices_2d()?, slots.read_indices_2d()?);
+    // (slot, sequence, column) of every checkpoint written.
+    let mut writes: Vec<(usize, usize, usize)> = Vec::new();
+    for b in 0..batch {
+        if padded[b] {
+            continue;
+        }
+        for c in 0..cols {
+            let (o, s) = (offset_table[b * cols + c], slot_table[b * cols + c]);
+            if s == pad_slot_id {
+                continue;
+            }
+            ensure!(
+                !speculative,
+                InvalidArgument,
+                "checkpoint_slots[{b}][{c}] = {s} with num_accepted_tokens given, expected no checkpoints in speculative mode (or pad_slot_id = {pad_slot_id})"
+            );
+            let Some(n) = num_slots else {
+                bail!(
+                    InvalidArgument,
+                    "checkpoint_slots[{b}][{c}] = {s} but the state pool is NULL, expected pad_slot_id = {pad_slot_id} (no state to write)"
+                );
+            };
+            let len = lens[b];
+            ensure!(
+                o >= 1 && o as u64 <= len as u64,
+                OutOfBounds,
+                "checkpoint_offsets[{b}][{c}] = {o}, expected 1 <= offset <= {len} (tokens of sequence {b})"
+            );
+            ensure!(
+                s >= 0 && (s as u64) < n as u64,
+                OutOfBounds,
+                "checkpoint_slots[{b}][{c}] = {s}, expected 0 <= slot < {n} (state slots) or pad_slot_id = {pad_slot_id}"
+            );
+            writes.push((s as usize, b, c));
+            out[b].push(Checkpoint {
+                after: o as usize,
+                slot: s as usize,
+            });
+        }
+    }
+    writes.sort_unstable();
+    for w in writes.windows(2) {
+        if w[0].0 == w[1].0 {
+            bail!(
+                InvalidArgument,
+                "checkpoint_slots[{}][{}] = checkpoint_slots[{}][{}] = {}, expected distinct checkpoint slots",
+                w[0].1,
+                w[0].2,
+                w[1].1,
+                w[1].2,
+                w[0].0
+            );
+        }
+    }
+    for &(s, b, c) in &writes {
+        if let Some(owner) = own_slots.iter().position(|&o| o == s) {
+            bail!(
+                InvalidArgument,
+                "checkpoint_slots[{b}][{c}] = {s} is the slot of sequence {owner}, expected a slot no sequence of the call uses"
+            );
+        }
+    }
+    for cps in &mut out {
+        cps.sort_unstable();
+    }
+    Ok(out)
+}
+
+/// Attaches the checkpoints of `tables` to the validated `sequences` of a recurrent-kernel call
+/// (`speculative`: `num_accepted_tokens` was given).
+pub fn attach_checkpoints(
+    sequences: &mut [Sequence],
+    tables: CheckpointTables,
+    pad_slot_id: i64,
+    num_slots: Option<usize>,
+    speculative: bool,
+) -> Result<()> {
+    let lens: Vec<usize> = sequences.iter().map(|s| s.len).collect();
+    let padded: Vec<bool> = sequences.iter().map(|s| s.padded).collect();
+    let own: Vec<usize> = sequences
+        .iter()
+        .filter_map(|s| match s.write {
+            StateWrite::Final(slot) => Some(slot),
+            _ => None,
+        })
+        .collect();
+    let cps = parse_checkpoints(
+        tables,
+        &lens,
+        &padded,
+        &own,
+        pad_slot_id,
+        num_slots,
+        speculative,
+    )?;
+    for (seq, cps) in sequences.iter_mut().zip(cps) {
+        seq.checkpoints = cps;
+    }
+    Ok(())
 }

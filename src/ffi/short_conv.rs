@@ -20,6 +20,17 @@ use crate::tensor::{View, ssmk_tensor};
 /// zero-length sequence keeps (or, without initial state, zeroes) its state. Every argument is
 /// validated before anything is written; results do not depend on the thread count.
 ///
+/// State checkpoints (ABI.md §4.10, prefix caching at block granularity): with `checkpoint_offsets`
+/// and `checkpoint_slots` (`[B, C]` int32/int64 each, equal shapes), for each entry whose slot is
+/// not `pad_slot_id` the state after token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of
+/// sequence `b` is also written to slot `checkpoint_slots[b][c]` of the same pool, in its dtype:
+/// the value a call ending at that token would have stored there (rows `0..W-2` of the checkpoint
+/// slot hold the last `W-1` conv inputs `B * x`, bit for bit; rows `W-1..L-1` are never touched).
+/// Entries of padded sequences and entries whose slot is `pad_slot_id` are ignored whole (their
+/// offsets are not checked); a table with no other entry, or `C = 0`, is accepted wherever NULL is
+/// (also in speculative mode or without a pool). `out` and every sequence's final state are bit-
+/// identical with or without checkpoints, for any thread count.
+///
 /// @param ctx               context (threads), or NULL for the process default.
 /// @param bcx               `[T, 3D]` float32, bfloat16 or float16; columns `0..D` = B, `D..2D` = C,
 ///                          `2D..3D` = x. Any strides; contiguous columns take the fast path.
@@ -32,12 +43,21 @@ use crate::tensor::{View, ssmk_tensor};
 /// @param has_initial_state `[B]` bool/uint8/int32/int64, or NULL (all false). True requires `conv_states`.
 /// @param pad_slot_id       slot value that marks a padded sequence (vLLM uses -1).
 /// @param out               `[T, D]`, the dtype of `bcx`; written. Must not overlap any input or the states.
+/// @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+///                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+/// @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+///                            distinct, none a slot of a sequence of the call.
 /// @retval SSMK_OK                     done.
 /// @retval SSMK_ERR_NULL_POINTER       `bcx`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
 /// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim or shape (`bcx.shape[1]` not `3 * D`), width, state
 ///                                     length, offsets order, duplicate slot, or initial state without states.
+///                                     Checkpoints: only one table given, unequal shapes or
+///                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+///                                     sequence of the call, a checkpoint without a state pool.
 /// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
 /// @retval SSMK_ERR_OUT_OF_BOUNDS      an offset above `T`, or a slot outside `[0, S)` that is not `pad_slot_id`.
+///                                     Checkpoints: an offset outside `[1, len_b]` or a slot
+///                                     outside `[0, S)` (other than `pad_slot_id`).
 /// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
 /// @retval SSMK_ERR_ALIASING           `out` or `conv_states` overlaps an input, each other, or itself.
 /// @retval SSMK_ERR_UNSUPPORTED_DEVICE a tensor is not in CPU memory.
@@ -59,6 +79,8 @@ pub unsafe extern "C" fn ssmk_short_conv(
     has_initial_state: *const ssmk_tensor,
     pad_slot_id: i64,
     out: *mut ssmk_tensor,
+    checkpoint_offsets: *const ssmk_tensor,
+    checkpoint_slots: *const ssmk_tensor,
 ) -> i32 {
     guard(|| {
         let ctx = unsafe { resolve(ctx) };
@@ -71,6 +93,8 @@ pub unsafe extern "C" fn ssmk_short_conv(
                 query_start_loc,
                 cache_indices,
                 has_initial_state,
+                checkpoint_offsets,
+                checkpoint_slots,
             )
         }?;
         let out = unsafe { View::required("out", out) }?;

@@ -26,6 +26,14 @@ pub enum StateWrite {
     PerToken(Vec<Option<usize>>),
 }
 
+/// A state checkpoint inside a prefill (ABI.md §4.10): the state after the sequence's first
+/// `after` tokens (`1..=len`) goes to `slot` as well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Checkpoint {
+    pub after: usize,
+    pub slot: usize,
+}
+
 /// One sequence of the call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sequence {
@@ -37,6 +45,24 @@ pub struct Sequence {
     /// Slot the initial state is read from; `None` = zero initial state.
     pub read: Option<usize>,
     pub write: StateWrite,
+    /// Checkpoints sorted by `after` (none in speculative mode, or when padded).
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+impl Sequence {
+    /// The checkpoints taken after the sequence's first `after` tokens.
+    pub fn checkpoints_after(&self, after: usize) -> &[Checkpoint] {
+        let first = self.checkpoints.partition_point(|c| c.after < after);
+        let end = self.checkpoints.partition_point(|c| c.after <= after);
+        &self.checkpoints[first..end]
+    }
+
+    /// The checkpoints strictly inside tokens `from..to` of the sequence (`from < after < to`).
+    pub fn checkpoints_inside(&self, from: usize, to: usize) -> &[Checkpoint] {
+        let first = self.checkpoints.partition_point(|c| c.after <= from);
+        let end = self.checkpoints.partition_point(|c| c.after < to);
+        &self.checkpoints[first..end.max(first)]
+    }
 }
 
 /// Which algorithm long sequences take; `Auto` unless [`Path::with`] forces one, which lets tests

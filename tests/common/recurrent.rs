@@ -14,7 +14,7 @@ use ssmk::kernels::Path;
 use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
-use super::{Rng, Tensor, last_error};
+use super::{Ctx, Rng, Tensor, last_error};
 
 /// The `pad_slot_id` of every call.
 pub const PAD: i64 = -1;
@@ -200,6 +200,12 @@ pub trait RecurrentCall: Clone {
 
     /// The export with every descriptor, on this thread's ISA and path.
     fn call(&mut self, ctx: *const ssmk_context) -> i32;
+
+    /// Sets the tables `checkpoint_offsets` and `checkpoint_slots` (`None`: NULL).
+    fn set_checkpoints(&mut self, offsets: Option<Tensor>, slots: Option<Tensor>);
+
+    /// Sets `cu_seqlens`, `state_indices` and `has_initial_state`.
+    fn set_sequences(&mut self, cu: Tensor, idx: Tensor, init: Tensor);
 
     /// [`Self::call`] with the kernels of `isa` on `path`.
     fn call_with(&mut self, isa: Isa, path: Path, ctx: *const ssmk_context) -> i32 {
@@ -504,5 +510,305 @@ pub fn check_state_pool(
                 "{what}: state slot {slot} was written"
             ),
         }
+    }
+}
+
+/// Checkpoint tables `[B, C]` (int32 offsets, int64 slots) from each sequence's `(offset, slot)`
+/// pairs, rows padded with `(0, PAD)` entries (ignored whole, offset included).
+pub fn checkpoint_tables(rows: &[Vec<(i64, i64)>]) -> (Tensor, Tensor) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut offsets = Tensor::zeros(DType::I32, &[rows.len(), cols]);
+    let mut slots = Tensor::zeros(DType::I64, &[rows.len(), cols]);
+    for (b, row) in rows.iter().enumerate() {
+        for c in 0..cols {
+            let (o, s) = row.get(c).copied().unwrap_or((0, PAD));
+            offsets.set(&[b, c], o as f64);
+            slots.set(&[b, c], s as f64);
+        }
+    }
+    (offsets, slots)
+}
+
+/// The bytes of slot `s` of a compact state pool.
+fn slot_bytes(state: &Tensor, s: usize) -> Vec<u8> {
+    let bytes = state.bytes();
+    let per = bytes.len() / state.shape[0] as usize;
+    bytes[s * per..(s + 1) * per].to_vec()
+}
+
+/// ABI.md §4.10 for `p` (a call with a compact state pool) and the checkpoints `rows` (per
+/// sequence, `(offset, slot)` pairs; `PAD` slots are ignored) on every ISA and `paths`:
+/// - `out` and every slot but the checkpoints' are bit-identical to the call without them;
+/// - each checkpoint slot holds what a separate call ending at that token stores in its own
+///   slot: within `tol` (bit for bit with `tol` zero, and always on `Isa::Scalar`, where both are
+///   the f64 recurrence rounded once);
+/// - the call is bitwise identical on one and three threads.
+pub fn check_checkpoints<P: RecurrentCall>(
+    p: &P,
+    rows: &[Vec<(i64, i64)>],
+    paths: &[Path],
+    what: &str,
+    tol: Tol,
+) {
+    let (offsets, slots) = checkpoint_tables(rows);
+    let seqs = plain_seqs(p);
+    let pool = p.args().state.as_ref().expect("a state pool").shape[0] as usize;
+    // Slots the checkpoints write (a padded sequence's write nothing: checked unchanged).
+    let taken: Vec<usize> = rows
+        .iter()
+        .zip(&seqs)
+        .filter(|(_, seq)| !seq.padded)
+        .flat_map(|(row, _)| row.iter())
+        .filter(|&&(_, s)| s != PAD)
+        .map(|&(_, s)| s as usize)
+        .collect();
+    for isa in Isa::under_test() {
+        let paths = if isa == Isa::Scalar {
+            &[Path::Auto][..]
+        } else {
+            paths
+        };
+        for &path in paths {
+            let what = format!("{what} [{isa:?} {path:?}]");
+            let mut plain = p.clone();
+            let mut with = p.clone();
+            with.set_checkpoints(Some(offsets.clone()), Some(slots.clone()));
+            for (a, name) in [(&mut plain, "without"), (&mut with, "with")] {
+                let code = a.call_with(isa, path, std::ptr::null());
+                assert_eq!(code, SSMK_OK, "{what} {name} checkpoints: {}", last_error());
+            }
+            assert!(
+                plain.args().out.bytes() == with.args().out.bytes(),
+                "{what}: out changed with checkpoints"
+            );
+            let (ps, ws) = (
+                plain.args().state.clone().unwrap(),
+                with.args().state.clone().unwrap(),
+            );
+            for s in (0..pool).filter(|s| !taken.contains(s)) {
+                assert!(
+                    slot_bytes(&ps, s) == slot_bytes(&ws, s),
+                    "{what}: slot {s} (not a checkpoint) changed with checkpoints"
+                );
+            }
+            for (b, row) in rows.iter().enumerate() {
+                let seq = &seqs[b];
+                for &(o, slot) in row.iter().filter(|&&(_, s)| s != PAD && !seq.padded) {
+                    let Writes::Final(own) = seq.writes else {
+                        panic!("{what}: sequence {b} has no slot of its own");
+                    };
+                    let mut alone = p.clone();
+                    alone.set_sequences(
+                        Tensor::ints(DType::I64, &[seq.start as i64, (seq.start as i64) + o]),
+                        Tensor::ints(DType::I32, &[own as i64]),
+                        Tensor::ints(DType::U8, &[seq.read.is_some() as i64]),
+                    );
+                    let code = alone.call_with(isa, path, std::ptr::null());
+                    assert_eq!(code, SSMK_OK, "{what}: {}", last_error());
+                    let alone_state = alone.args().state.clone().unwrap();
+                    let at = format!("{what}: checkpoint of sequence {b} at {o} in slot {slot}");
+                    if isa == Isa::Scalar || tol.atol == 0.0 {
+                        assert!(
+                            slot_bytes(&alone_state, own) == slot_bytes(&ws, slot as usize),
+                            "{at}: not bit-identical to a call ending there"
+                        );
+                        continue;
+                    }
+                    let n = ws.numel() / pool;
+                    let (got, want) = (values(&ws), values(&alone_state));
+                    let mut worst = Worst::new();
+                    for j in 0..n {
+                        let (g, w) = (got[slot as usize * n + j], want[own * n + j]);
+                        worst.add(tol.ratio(g, w), || format!("element {j}: {g} vs {w}"));
+                    }
+                    worst.check(&at, tol);
+                }
+            }
+            // Threads: bitwise identical on one and three.
+            let mut three = p.clone();
+            three.set_checkpoints(Some(offsets.clone()), Some(slots.clone()));
+            let ctx = Ctx::new(3);
+            let code = three.call_with(isa, path, ctx.0);
+            assert_eq!(code, SSMK_OK, "{what}: {}", last_error());
+            let mut one = p.clone();
+            one.set_checkpoints(Some(offsets.clone()), Some(slots.clone()));
+            let ctx = Ctx::new(1);
+            let code = one.call_with(isa, path, ctx.0);
+            assert_eq!(code, SSMK_OK, "{what}: {}", last_error());
+            assert!(
+                one.args().out.bytes() == three.args().out.bytes()
+                    && one.args().state.as_ref().unwrap().bytes()
+                        == three.args().state.as_ref().unwrap().bytes(),
+                "{what}: one and three threads differ with checkpoints"
+            );
+        }
+    }
+}
+
+/// Every checkpoint error of ABI.md §4.10 that a call with a pool can make, each with nothing
+/// written, and the tables that ask for nothing accepted. `p` has at least two sequences, the
+/// first live with at least 2 tokens and its own slot `own0`, and a pool with a spare slot
+/// `spare` (and `spare + 1`).
+pub fn check_checkpoint_errors<P: RecurrentCall>(p: &P, own0: i64, spare: i64) {
+    use ssmk::ffi::status::{SSMK_ERR_INVALID_ARGUMENT, SSMK_ERR_OUT_OF_BOUNDS};
+    let seqs = plain_seqs(p);
+    let (b, len0) = (seqs.len(), seqs[0].len as i64);
+    let pool = p.args().state.as_ref().unwrap().shape[0];
+    let row = |pairs: Vec<(i64, i64)>| {
+        let mut rows = vec![vec![]; b];
+        rows[0] = pairs;
+        checkpoint_tables(&rows)
+    };
+    let ints2 = |dtype: DType, r: usize, c: usize| Tensor::zeros(dtype, &[r, c]);
+    // (case, offsets, slots, status, message fragment)
+    type Case<'a> = (&'a str, Option<Tensor>, Option<Tensor>, i32, &'a str);
+    let cases: Vec<Case> = vec![
+        {
+            let (o, _) = row(vec![(1, spare)]);
+            (
+                "offsets only",
+                Some(o),
+                None,
+                SSMK_ERR_INVALID_ARGUMENT,
+                "checkpoint_slots is NULL",
+            )
+        },
+        {
+            let (_, s) = row(vec![(1, spare)]);
+            (
+                "slots only",
+                None,
+                Some(s),
+                SSMK_ERR_INVALID_ARGUMENT,
+                "checkpoint_offsets is NULL",
+            )
+        },
+        (
+            "unequal shapes",
+            Some(ints2(DType::I32, b, 2)),
+            Some(ints2(DType::I64, b, 3)),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "expected equal shapes",
+        ),
+        (
+            "B + 1 rows",
+            Some(ints2(DType::I32, b + 1, 1)),
+            Some(ints2(DType::I64, b + 1, 1)),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "checkpoint_offsets.shape[0]",
+        ),
+        {
+            let (o, s) = row(vec![(0, spare)]);
+            (
+                "offset 0",
+                Some(o),
+                Some(s),
+                SSMK_ERR_OUT_OF_BOUNDS,
+                "checkpoint_offsets[0][0] = 0",
+            )
+        },
+        {
+            let (o, s) = row(vec![(len0 + 1, spare)]);
+            (
+                "offset past len",
+                Some(o),
+                Some(s),
+                SSMK_ERR_OUT_OF_BOUNDS,
+                "checkpoint_offsets[0][0]",
+            )
+        },
+        {
+            let (o, s) = row(vec![(1, pool)]);
+            (
+                "slot S",
+                Some(o),
+                Some(s),
+                SSMK_ERR_OUT_OF_BOUNDS,
+                "checkpoint_slots[0][0]",
+            )
+        },
+        {
+            let (o, s) = row(vec![(1, -2)]);
+            (
+                "negative slot",
+                Some(o),
+                Some(s),
+                SSMK_ERR_OUT_OF_BOUNDS,
+                "checkpoint_slots[0][0] = -2",
+            )
+        },
+        {
+            let (o, s) = row(vec![(1, spare), (2, spare)]);
+            (
+                "same slot twice",
+                Some(o),
+                Some(s),
+                SSMK_ERR_INVALID_ARGUMENT,
+                "distinct checkpoint slots",
+            )
+        },
+        {
+            let (o, s) = row(vec![(1, own0)]);
+            (
+                "a sequence's own slot",
+                Some(o),
+                Some(s),
+                SSMK_ERR_INVALID_ARGUMENT,
+                "is the slot of sequence 0",
+            )
+        },
+        {
+            let (o, _) = row(vec![(1, spare)]);
+            let mut f = Tensor::zeros(DType::F32, &[b, 1]);
+            f.set(&[0, 0], spare as f64);
+            (
+                "float slots",
+                Some(o),
+                Some(f),
+                ssmk::ffi::status::SSMK_ERR_UNSUPPORTED_DTYPE,
+                "checkpoint_slots",
+            )
+        },
+        (
+            "1-D tables",
+            Some(Tensor::ints(DType::I32, &vec![1; b])),
+            Some(Tensor::ints(DType::I32, &vec![spare; b])),
+            SSMK_ERR_INVALID_ARGUMENT,
+            "checkpoint_offsets.ndim",
+        ),
+    ];
+    for (name, offsets, slots, status, fragment) in cases {
+        let mut a = p.clone();
+        let before = Written::of(&a);
+        a.set_checkpoints(offsets, slots);
+        let code = a.call(std::ptr::null());
+        super::assert_error(code, status, &[fragment]);
+        before.assert_kept(&a, name);
+    }
+    // Asking for nothing is accepted wherever NULL is: C = 0, pad slots (offsets unchecked).
+    for (name, (o, s)) in [
+        ("C = 0", checkpoint_tables(&vec![vec![]; b])),
+        ("pad entries", row(vec![(-7, PAD), (len0 + 9, PAD)])),
+    ] {
+        let mut plain = p.clone();
+        let mut a = p.clone();
+        assert_eq!(
+            plain.call(std::ptr::null()),
+            SSMK_OK,
+            "{name}: {}",
+            last_error()
+        );
+        a.set_checkpoints(Some(o), Some(s));
+        assert_eq!(
+            a.call(std::ptr::null()),
+            SSMK_OK,
+            "{name}: {}",
+            last_error()
+        );
+        assert!(
+            Written::of(&a).out == Written::of(&plain).out
+                && Written::of(&a).state == Written::of(&plain).state,
+            "{name}: differs from no checkpoints"
+        );
     }
 }

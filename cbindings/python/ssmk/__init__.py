@@ -119,18 +119,19 @@ SIGNATURES = {
     "ssmk_batch_memcpy": (c_int32, [_CTX, POINTER(c_void_p), POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
     "ssmk_zero_blocks": (c_int32, [_CTX, _T, _T]),
     "ssmk_zero_blocks_multi": (c_int32, [_CTX, POINTER(_T), c_size_t, _T]),
-    "ssmk_causal_conv1d_fwd": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, _T, c_uint32, c_int64, _T]),
+    "ssmk_causal_conv1d_fwd": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, _T, c_uint32, c_int64, _T, _T, _T]),
     "ssmk_causal_conv1d_update": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, c_uint32, c_int64, _T]),
     "ssmk_gdn_gating": (c_int32, [_CTX, _T, _T, _T, _T, c_float, c_float, _T, _T]),
     "ssmk_kda_gating": (c_int32, [_CTX, _T, _T, _T, c_float, _T, _T, _T]),
     "ssmk_gated_delta_rule": (
         c_int32,
-        [_CTX, _T, _T, _T, _T, _T, c_float, _T, _T, _T, _T, _T, c_uint32, c_float, c_int64, _T],
+        [_CTX, _T, _T, _T, _T, _T, c_float, _T, _T, _T, _T, _T, c_uint32, c_float, c_int64, _T, _T, _T],
     ),
-    "ssmk_short_conv": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, _T, c_int64, _T]),
+    "ssmk_short_conv": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, _T, c_int64, _T, _T, _T]),
     "ssmk_mamba2_scan": (
         c_int32,
-        [_CTX, _T, _T, _T, _T, _T, _T, _T, _T, c_float, c_float, c_uint32, _T, _T, _T, _T, _T, c_int64, _T],
+        [_CTX, _T, _T, _T, _T, _T, _T, _T, _T, c_float, c_float, c_uint32, _T, _T, _T, _T, _T, c_int64, _T, _T,
+         _T],
     ),
 }
 
@@ -335,11 +336,14 @@ def zero_blocks_multi(caches, block_ids, ctx=None):
 
 def causal_conv1d_fwd(x, weight, out, bias=None, conv_states=None, query_start_loc=None,
                       cache_indices=None, has_initial_state=None, activation=ACTIVATION_NONE,
-                      pad_slot_id=-1, ctx=None):
-    keep = [tensor(a) for a in (x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, out)]
-    x, weight, bias, conv_states, qsl, idx, init, out = (None if k is None else k.ptr for k in keep)
+                      pad_slot_id=-1, ctx=None, checkpoint_offsets=None, checkpoint_slots=None):
+    """Varlen conv prefill; ``checkpoint_offsets``/``checkpoint_slots`` ``[B, C]`` (ABI.md §4.10) also
+    store the state after token ``offsets[b][c]`` of sequence ``b`` in slot ``slots[b][c]``."""
+    keep = [tensor(a) for a in (x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, out,
+                                checkpoint_offsets, checkpoint_slots)]
+    x, weight, bias, conv_states, qsl, idx, init, out, co, cs = (None if k is None else k.ptr for k in keep)
     _check("ssmk_causal_conv1d_fwd", lib.ssmk_causal_conv1d_fwd(
-        _ctx(ctx), x, weight, bias, conv_states, qsl, idx, init, activation, pad_slot_id, out))
+        _ctx(ctx), x, weight, bias, conv_states, qsl, idx, init, activation, pad_slot_id, out, co, cs))
 
 
 def causal_conv1d_update(x, conv_states, weight, out, bias=None, conv_state_indices=None,
@@ -365,37 +369,40 @@ def kda_gating(A_log, a, g, dt_bias=None, lower_bound=0.0, b=None, beta=None, ct
 
 def gated_delta_rule(q, k, v, g, beta, out, state=None, cu_seqlens=None, state_indices=None,
                      has_initial_state=None, num_accepted_tokens=None, scale=0.0, flags=0,
-                     l2norm_eps=1e-6, pad_slot_id=-1, ctx=None):
+                     l2norm_eps=1e-6, pad_slot_id=-1, ctx=None, checkpoint_offsets=None, checkpoint_slots=None):
     keep = [tensor(t) for t in (q, k, v, g, beta, state, cu_seqlens, state_indices, has_initial_state,
-                                num_accepted_tokens, out)]
-    q, k, v, g, beta, state, cu, idx, init, acc, out = (None if t is None else t.ptr for t in keep)
+                                num_accepted_tokens, out, checkpoint_offsets, checkpoint_slots)]
+    q, k, v, g, beta, state, cu, idx, init, acc, out, co, cs = (None if t is None else t.ptr for t in keep)
     _check("ssmk_gated_delta_rule", lib.ssmk_gated_delta_rule(
-        _ctx(ctx), q, k, v, g, beta, scale, state, cu, idx, init, acc, flags, l2norm_eps, pad_slot_id, out))
+        _ctx(ctx), q, k, v, g, beta, scale, state, cu, idx, init, acc, flags, l2norm_eps, pad_slot_id, out,
+        co, cs))
 
 
 def mamba2_scan(x, dt, A, B, C, out, D=None, z=None, dt_bias=None, dt_min=float("-inf"),
                 dt_max=float("inf"), flags=0, state=None, cu_seqlens=None, state_indices=None,
-                has_initial_state=None, num_accepted_tokens=None, pad_slot_id=-1, ctx=None):
+                has_initial_state=None, num_accepted_tokens=None, pad_slot_id=-1, ctx=None,
+                checkpoint_offsets=None, checkpoint_slots=None):
     """Mamba-2 selective-state scan (prefill, decode, speculative, mixed); ``out`` has x's dtype.
 
     ``dt_min``/``dt_max`` default to no limit; ``flags=MAMBA2_DT_SOFTPLUS`` applies softplus to
     ``dt + dt_bias``.
     """
     keep = [tensor(t) for t in (x, dt, A, B, C, D, z, dt_bias, state, cu_seqlens, state_indices,
-                                has_initial_state, num_accepted_tokens, out)]
-    x, dt, A, B, C, D, z, dt_bias, state, cu, idx, init, acc, out = (None if t is None else t.ptr for t in keep)
+                                has_initial_state, num_accepted_tokens, out, checkpoint_offsets, checkpoint_slots)]
+    x, dt, A, B, C, D, z, dt_bias, state, cu, idx, init, acc, out, co, cs = (
+        None if t is None else t.ptr for t in keep)
     _check("ssmk_mamba2_scan", lib.ssmk_mamba2_scan(
         _ctx(ctx), x, dt, A, B, C, D, z, dt_bias, dt_min, dt_max, flags, state, cu, idx, init, acc,
-        pad_slot_id, out))
+        pad_slot_id, out, co, cs))
 
 
 def short_conv(bcx, weight, out, bias=None, conv_states=None, query_start_loc=None, cache_indices=None,
-               has_initial_state=None, pad_slot_id=-1, ctx=None):
+               has_initial_state=None, pad_slot_id=-1, ctx=None, checkpoint_offsets=None, checkpoint_slots=None):
     keep = [tensor(t) for t in (bcx, weight, bias, conv_states, query_start_loc, cache_indices,
-                                has_initial_state, out)]
-    bcx, weight, bias, states, qsl, idx, init, out = (None if t is None else t.ptr for t in keep)
+                                has_initial_state, out, checkpoint_offsets, checkpoint_slots)]
+    bcx, weight, bias, states, qsl, idx, init, out, co, cs = (None if t is None else t.ptr for t in keep)
     _check("ssmk_short_conv", lib.ssmk_short_conv(
-        _ctx(ctx), bcx, weight, bias, states, qsl, idx, init, pad_slot_id, out))
+        _ctx(ctx), bcx, weight, bias, states, qsl, idx, init, pad_slot_id, out, co, cs))
 
 
 def bf16_bits(x):

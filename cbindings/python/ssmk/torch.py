@@ -3,7 +3,9 @@
 Importing this module registers one ``torch.library`` custom op per kernel. Each takes the C
 function's arguments in the C order, without the context (optional tensors may be ``None``,
 enumerated choices and scalars are ints and floats) plus a trailing ``num_threads`` (0 = the
-default below), writes its outputs and states in place and returns nothing; the arguments it
+default below) and, for the four prefill ops, then the optional ``checkpoint_offsets`` and
+``checkpoint_slots`` ``[B, C]`` tables of ABI.md §4.10 (after ``num_threads``, so calls written
+before them still bind), writes its outputs and states in place and returns nothing; the arguments it
 writes are declared mutated, and a fake (meta) implementation lets ``torch.compile`` trace it
 (``fullgraph=True`` works)::
 
@@ -185,12 +187,15 @@ def _causal_conv1d_fwd(
     pad_slot_id: int,
     out: Tensor,
     num_threads: int = 0,
+    checkpoint_offsets: Optional[Tensor] = None,
+    checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
     ssmk.causal_conv1d_fwd(
         _d(x), _d(weight), _d(out), bias=_d(bias), conv_states=_d(conv_states),
         query_start_loc=_d(query_start_loc), cache_indices=_d(cache_indices),
         has_initial_state=_d(has_initial_state), activation=activation, pad_slot_id=pad_slot_id,
-        ctx=_context(num_threads))
+        ctx=_context(num_threads),
+        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
 
 
 @torch.library.custom_op("ssmk::causal_conv1d_update", mutates_args=("conv_states", "out"))
@@ -263,12 +268,15 @@ def _gated_delta_rule(
     pad_slot_id: int,
     out: Tensor,
     num_threads: int = 0,
+    checkpoint_offsets: Optional[Tensor] = None,
+    checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
     ssmk.gated_delta_rule(
         _d(q), _d(k), _d(v), _d(g), _d(beta), _d(out), state=_d(state), cu_seqlens=_d(cu_seqlens),
         state_indices=_d(state_indices), has_initial_state=_d(has_initial_state),
         num_accepted_tokens=_d(num_accepted_tokens), scale=scale, flags=flags,
-        l2norm_eps=l2norm_eps, pad_slot_id=pad_slot_id, ctx=_context(num_threads))
+        l2norm_eps=l2norm_eps, pad_slot_id=pad_slot_id, ctx=_context(num_threads),
+        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
 
 
 @torch.library.custom_op("ssmk::short_conv", mutates_args=("conv_states", "out"))
@@ -283,12 +291,15 @@ def _short_conv(
     pad_slot_id: int,
     out: Tensor,
     num_threads: int = 0,
+    checkpoint_offsets: Optional[Tensor] = None,
+    checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
     ssmk.short_conv(
         _d(bcx), _d(weight), _d(out), bias=_d(bias), conv_states=_d(conv_states),
         query_start_loc=_d(query_start_loc), cache_indices=_d(cache_indices),
         has_initial_state=_d(has_initial_state), pad_slot_id=pad_slot_id,
-        ctx=_context(num_threads))
+        ctx=_context(num_threads),
+        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
 
 
 @torch.library.custom_op("ssmk::mamba2_scan", mutates_args=("state", "out"))
@@ -312,13 +323,16 @@ def _mamba2_scan(
     pad_slot_id: int,
     out: Tensor,
     num_threads: int = 0,
+    checkpoint_offsets: Optional[Tensor] = None,
+    checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
     ssmk.mamba2_scan(
         _d(x), _d(dt), _d(A), _d(B), _d(C), _d(out), D=_d(D), z=_d(z), dt_bias=_d(dt_bias),
         dt_min=dt_min, dt_max=dt_max, flags=flags, state=_d(state), cu_seqlens=_d(cu_seqlens),
         state_indices=_d(state_indices), has_initial_state=_d(has_initial_state),
         num_accepted_tokens=_d(num_accepted_tokens), pad_slot_id=pad_slot_id,
-        ctx=_context(num_threads))
+        ctx=_context(num_threads),
+        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
 
 
 @torch.library.custom_op("ssmk::zero_blocks", mutates_args=("cache",))
@@ -397,16 +411,19 @@ def causal_conv1d_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                       cache_indices: Optional[Tensor] = None,
                       has_initial_state: Optional[Tensor] = None, activation=None,
                       pad_slot_id: int = -1, *, out: Optional[Tensor] = None,
-                      num_threads: int = 0) -> Tensor:
+                      num_threads: int = 0, checkpoint_offsets: Optional[Tensor] = None,
+                      checkpoint_slots: Optional[Tensor] = None) -> Tensor:
     """Varlen causal conv prefill ``x [T,D]``, weight ``[D,W]``; ``conv_states [S,L,D]`` updated.
 
     ``activation``: None or ``"silu"`` (or the ``ssmk.ACTIVATION_*`` value). Returns ``out [T,D]``.
+    ``checkpoint_offsets``/``checkpoint_slots`` ``[B,C]`` (ABI.md §4.10): the state after token
+    ``offsets[b][c]`` of sequence ``b`` also goes to slot ``slots[b][c]``.
     """
     if out is None:
         out = _empty(x.shape, x.dtype, x)
     torch.ops.ssmk.causal_conv1d_fwd(x, weight, bias, conv_states, query_start_loc, cache_indices,
                                      has_initial_state, _activation(activation), pad_slot_id, out,
-                                     num_threads)
+                                     num_threads, checkpoint_offsets, checkpoint_slots)
     return out
 
 
@@ -460,7 +477,8 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                      num_accepted_tokens: Optional[Tensor] = None, *, qk_l2norm: bool = False,
                      gqa_tiled: bool = False, flags: int = 0, l2norm_eps: float = 1e-6,
                      pad_slot_id: int = -1, out: Optional[Tensor] = None,
-                     num_threads: int = 0) -> Tensor:
+                     num_threads: int = 0, checkpoint_offsets: Optional[Tensor] = None,
+                     checkpoint_slots: Optional[Tensor] = None) -> Tensor:
     """Gated delta rule (GDN with ``g [T,HV]``, KDA with ``g [T,HV,K]``): prefill, decode, spec.
 
     ``q, k [T,H,K]``, ``v [T,HV,V]``, ``beta [T,HV]``; ``state [S,HV,K,V]`` is read and written in
@@ -472,7 +490,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     torch.ops.ssmk.gated_delta_rule(q, k, v, g, beta, 0.0 if scale is None else float(scale), state,
                                     cu_seqlens, state_indices, has_initial_state,
                                     num_accepted_tokens, flags, float(l2norm_eps), pad_slot_id, out,
-                                    num_threads)
+                                    num_threads, checkpoint_offsets, checkpoint_slots)
     return out
 
 
@@ -480,12 +498,14 @@ def short_conv(bcx: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                conv_states: Optional[Tensor] = None, query_start_loc: Optional[Tensor] = None,
                cache_indices: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
                pad_slot_id: int = -1, *, out: Optional[Tensor] = None,
-               num_threads: int = 0) -> Tensor:
+               num_threads: int = 0, checkpoint_offsets: Optional[Tensor] = None,
+               checkpoint_slots: Optional[Tensor] = None) -> Tensor:
     """LFM2 ShortConv core ``C * conv(B * x)`` of ``bcx [T,3D]``; returns ``out [T,D]``."""
     if out is None:
         out = _empty((*bcx.shape[:-1], bcx.shape[-1] // 3), bcx.dtype, bcx)
     torch.ops.ssmk.short_conv(bcx, weight, bias, conv_states, query_start_loc, cache_indices,
-                              has_initial_state, pad_slot_id, out, num_threads)
+                              has_initial_state, pad_slot_id, out, num_threads, checkpoint_offsets,
+                              checkpoint_slots)
     return out
 
 
@@ -495,7 +515,9 @@ def mamba2_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optio
                 state: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
                 state_indices: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
                 num_accepted_tokens: Optional[Tensor] = None, pad_slot_id: int = -1, *,
-                flags: int = 0, out: Optional[Tensor] = None, num_threads: int = 0) -> Tensor:
+                flags: int = 0, out: Optional[Tensor] = None, num_threads: int = 0,
+                checkpoint_offsets: Optional[Tensor] = None,
+                checkpoint_slots: Optional[Tensor] = None) -> Tensor:
     """Mamba-2 selective-state scan; ``state [S,NH,P,N]`` in place. Returns ``out`` (x's shape/dtype).
 
     ``dt_softplus`` (the C flag ``SSMK_MAMBA2_DT_SOFTPLUS``, in its place) applies softplus to
@@ -506,7 +528,8 @@ def mamba2_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optio
     flags = int(flags) | (MAMBA2_DT_SOFTPLUS if dt_softplus else 0)
     torch.ops.ssmk.mamba2_scan(x, dt, A, B, C, D, z, dt_bias, float(dt_min), float(dt_max), flags,
                                state, cu_seqlens, state_indices, has_initial_state,
-                               num_accepted_tokens, pad_slot_id, out, num_threads)
+                               num_accepted_tokens, pad_slot_id, out, num_threads, checkpoint_offsets,
+                               checkpoint_slots)
     return out
 
 

@@ -305,7 +305,7 @@ def _make_conv_fn(family, original):
                 _run("ssmk_causal_conv1d_fwd", ssmk.lib.ssmk_causal_conv1d_fwd(
                     _ctx(), _desc(x), _desc(weight), _desc(bias), None,
                     _desc(_cu(B, L) if qsl is None else qsl), None, None, _ACTIVATIONS[activation], -1,
-                    _desc(out)))
+                    _desc(out), None, None))
                 return out.view(B, L, D).transpose(1, 2)
         _count(family, "causal_conv1d_fn", "fallback")
         return original(hidden_states, weight, bias=bias, activation=activation, **kwargs)
@@ -399,7 +399,8 @@ def _delta_rule(query, key, value, g, beta, initial_state, output_final_state, u
     # GQA in the grouped order (v-head hv uses k-head hv // (HV/H)).
     _run("ssmk_gated_delta_rule", ssmk.lib.ssmk_gated_delta_rule(
         _ctx(), _desc(q), _desc(k), _desc(v), _desc(gg), _desc(bb), 0.0, _desc(state),
-        _desc(_cu(B, L) if cu is None else cu), None, _desc(init), None, flags, 1e-6, -1, _desc(out)))
+        _desc(_cu(B, L) if cu is None else cu), None, _desc(init), None, flags, 1e-6, -1, _desc(out),
+        None, None))
     return out.view(B, L, HV, V), (state if output_final_state else None)
 
 
@@ -508,7 +509,7 @@ def _chunk_scan(x, dt, A, B, C, D, dt_bias, initial_states, dt_softplus, dt_limi
         _desc(B.reshape(T, G, N)), _desc(C.reshape(T, G, N)), _desc(_f32(D)),
         _desc(None if z is None else z.reshape(T, NH, P)), _desc(_f32(dt_bias)), lo, hi,
         ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, _desc(state), _desc(_cu(Bsz, L) if cu is None else cu),
-        None, _desc(init), None, -1, _desc(out)))
+        None, _desc(init), None, -1, _desc(out), None, None))
     out = out.view(Bsz, L, NH, P)
     return (out, state) if return_final_states else out
 
@@ -556,7 +557,7 @@ def _make_state_update(family, original):
                 _desc(None if D is None else D[:, 0].float()), _desc(z),
                 _desc(None if dt_bias is None else dt_bias[:, 0].float()), float("-inf"), float("inf"),
                 ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, _desc(state), _desc(_cu(Bsz, 1)), None,
-                _desc(_ones(Bsz)), None, -1, _desc(out)))
+                _desc(_ones(Bsz)), None, -1, _desc(out), None, None))
             return out
         _count(family, "mamba2_selective_state_update", "fallback")
         return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,

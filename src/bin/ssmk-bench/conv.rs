@@ -103,6 +103,8 @@ fn fwd(
                 SSMK_ACTIVATION_SILU,
                 -1,
                 &mut od,
+                std::ptr::null(),
+                std::ptr::null(),
             )
         })
     })

@@ -123,6 +123,8 @@ impl DeltaRule {
                     1e-6,
                     -1,
                     &mut out,
+                    std::ptr::null(),
+                    std::ptr::null(),
                 )
             })
         });

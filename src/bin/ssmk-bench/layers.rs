@@ -108,6 +108,8 @@ impl LayerConv {
                     SSMK_ACTIVATION_SILU,
                     -1,
                     &mut out,
+                    std::ptr::null(),
+                    std::ptr::null(),
                 )
             })
         });

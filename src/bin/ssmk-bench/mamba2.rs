@@ -92,6 +92,8 @@ impl Scan {
                     std::ptr::null(),
                     -1,
                     &mut out,
+                    std::ptr::null(),
+                    std::ptr::null(),
                 )
             })
         });

@@ -43,7 +43,20 @@ impl Step {
         let (mut s, mut o) = (self.states.desc(), self.out.desc());
         ok(unsafe {
             with_isa(isa, || {
-                ssmk_short_conv(ctx.0, &bcx, &w, &b, &mut s, &q, &i, &h, -1, &mut o)
+                ssmk_short_conv(
+                    ctx.0,
+                    &bcx,
+                    &w,
+                    &b,
+                    &mut s,
+                    &q,
+                    &i,
+                    &h,
+                    -1,
+                    &mut o,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                )
             })
         });
     }
@@ -76,6 +89,8 @@ impl Step {
                 SSMK_ACTIVATION_NONE,
                 -1,
                 &mut yd,
+                std::ptr::null(),
+                std::ptr::null(),
             )
         });
         let ys = unsafe { std::slice::from_raw_parts(y.as_ptr().cast::<bf16>(), rows * d) };

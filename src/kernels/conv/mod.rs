@@ -19,6 +19,7 @@ mod vector;
 use std::sync::OnceLock;
 
 use crate::dtype::DType;
+use crate::kernels::strided::{load_row, store_row};
 use crate::runtime::{Context, Isa};
 
 /// Widths the kernels support (ABI.md §4: W = 2..=8).
@@ -163,6 +164,15 @@ pub struct Gates {
     pub c_back: usize,
 }
 
+/// A state checkpoint inside a prefill (ABI.md §4.10): rows `0..W-1` of the slot at `state`
+/// (row 0, channel 0) receive the state after the first `after` tokens of sequence `seq`.
+#[derive(Clone, Copy, Debug)]
+pub struct Checkpoint {
+    pub seq: usize,
+    pub after: usize,
+    pub state: *mut u8,
+}
+
 /// A whole call, validated. Strides are in elements.
 #[derive(Clone, Debug)]
 pub struct Problem {
@@ -187,6 +197,8 @@ pub struct Problem {
     /// ShortConv's input and output gates, if any.
     pub gates: Option<Gates>,
     pub seqs: Vec<Seq>,
+    /// Checkpoints of the prefill's sequences (none for decodes).
+    pub checkpoints: Vec<Checkpoint>,
 }
 
 // SAFETY: a Problem describes caller memory validated by the FFI layer; the work split below
@@ -306,9 +318,61 @@ fn active_conv_fn() -> ConvFn {
 
 /// Runs the problem with this thread's instruction set ([`Isa::dispatch`]).
 pub fn run(ctx: &Context, p: &Problem) {
+    // SAFETY: the problem is validated; checkpoint slots are distinct from each other and from
+    // every sequence's slot, so writing them first leaves every history the main pass reads.
+    unsafe { write_checkpoints(p) };
     match Isa::dispatch() {
         isa if isa == Isa::active() => active_conv_fn()(ctx, p),
         isa => conv_fn(isa)(ctx, p),
+    }
+}
+
+/// Writes every checkpoint's rows `0..W-1`: the last `W-1` inputs of `[history, x_seq[0..after)]`,
+/// the very values a call ending after that token stores (inputs copied exactly, ShortConv's
+/// `B * x` rounded to the activation dtype as the conv rounds it). A checkpoint within `W-1`
+/// tokens of the start takes history rows from the sequence's own slot, so this runs before the
+/// main pass rewrites it. A few rows per checkpoint: one thread does them all.
+///
+/// # Safety
+/// `p` is validated; no other thread touches the checkpoint slots.
+unsafe fn write_checkpoints(p: &Problem) {
+    if p.checkpoints.is_empty() {
+        return;
+    }
+    let (w, act) = (p.width as isize, p.act);
+    let (mut row, mut gate) = (vec![0f32; p.channels], vec![0f32; p.channels]);
+    let state_row =
+        |base: *mut u8, r: usize| base.wrapping_add(r * p.state_row * p.state_dtype.size());
+    for cp in &p.checkpoints {
+        let s = &p.seqs[cp.seq];
+        for j in 0..w - 1 {
+            // Relative time of row j: negative is the history.
+            let rel = cp.after as isize - (w - 1) + j;
+            unsafe {
+                if rel >= 0 {
+                    let x_row = s.x.wrapping_add(rel as usize * p.x_tok * act.size());
+                    load_row(x_row, act, p.x_ch, &mut row);
+                    if let Some(g) = p.gates {
+                        let b_row = x_row.wrapping_sub(g.b_back * act.size());
+                        load_row(b_row, act, p.x_ch, &mut gate);
+                        for (x, b) in row.iter_mut().zip(&gate) {
+                            *x = reference::round_to(act, b * *x);
+                        }
+                    }
+                } else if let (Some(st), true) = (s.state, s.read_state) {
+                    let r = (w - 1 + rel) as usize;
+                    load_row(state_row(st, r), p.state_dtype, p.state_ch, &mut row);
+                } else {
+                    row.fill(0.0);
+                }
+                store_row(
+                    state_row(cp.state, j as usize),
+                    p.state_dtype,
+                    p.state_ch,
+                    &row,
+                );
+            }
+        }
     }
 }
 
@@ -402,6 +466,7 @@ mod tests {
             state_ch: 1,
             gates: None,
             seqs: lens.iter().map(|&l| seq(l)).collect(),
+            checkpoints: Vec::new(),
         }
     }
 

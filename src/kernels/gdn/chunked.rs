@@ -26,7 +26,8 @@
 //! pairs, few at `C = 16`; within `C * 2^-60` absolute, see [`pair_products`]); `q e^G`,
 //! `k e^(G_last - G)` and `e^(G_last)` are running products too, one decay per row of the state.
 
-use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2};
+use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2, recurrent};
+use crate::dtype::DType;
 pub use crate::kernels::chunking::Chunk;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::gemm::{MatA, Start, gemm};
@@ -171,8 +172,9 @@ pub type EachHead<'a> = &'a mut dyn FnMut(usize, &HeadScratch);
 
 /// [`intra`] of one ISA.
 pub type IntraStep = unsafe fn(&Pass1, &mut [f32], EachHead);
-/// [`inter_chunk`] of one ISA.
-pub type InterStep = unsafe fn(&DeltaRule, &HeadScratch, &mut [f32], &mut [f32], Chunk, usize);
+/// [`inter_chunk_checkpointed`] of one ISA.
+pub type InterStep =
+    unsafe fn(&DeltaRule, &Sequence, &HeadScratch, &mut [f32], &mut [f32], Chunk, usize);
 
 /// One ISA's out-of-line copies of the two per-chunk steps, which every schedule calls (inlined
 /// into each schedule, they made the chunked form's code twice as large for no speed).
@@ -882,7 +884,7 @@ pub unsafe fn inter<S: Simd>(
                     .head(scratch, first + ci + 1, h, j)
                     .prefetch(args, next.len);
             }
-            (steps.inter)(args, &hs, s, vn, chunk, hv);
+            (steps.inter)(args, seq, &hs, s, vn, chunk, hv);
         }
         store_state::<S>(args, seq, hv, s);
     }
@@ -937,7 +939,7 @@ pub unsafe fn fused<S: Simd>(
                 let layout = layout_of(h);
                 let mut inter = |j: usize, hs: &HeadScratch| {
                     let s = &mut states[state_at(h, j)..][..kd * vd];
-                    (steps.inter)(args, hs, s, vn, chunk, args.v_head(h, j))
+                    (steps.inter)(args, seq, hs, s, vn, chunk, args.v_head(h, j))
                 };
                 let next = match h + 1 < qk_heads.end {
                     true => (chunk.start, h + 1),
@@ -988,13 +990,22 @@ unsafe fn load_state<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize, s: &m
 #[inline(always)]
 unsafe fn store_state<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize, s: &[f32]) {
     if let StateWrite::Final(slot) = seq.write {
-        let st = args
-            .state
-            .as_ref()
-            .expect("state slot without a state tensor");
-        for (r, row) in s.chunks_exact(args.v_dim).enumerate() {
-            unsafe { store_row_simd::<S>(st.at(&[slot, hv, r]), st.dtype, st.strides[3], row) };
-        }
+        unsafe { store_slot::<S>(args, slot, hv, s) };
+    }
+}
+
+/// Stores the state `[K][V]` of v-head `hv` to `slot`, rounded to the state dtype.
+///
+/// # Safety
+/// The slot is in bounds and this task's alone.
+#[inline(always)]
+unsafe fn store_slot<S: Simd>(args: &DeltaRule, slot: usize, hv: usize, s: &[f32]) {
+    let st = args
+        .state
+        .as_ref()
+        .expect("state slot without a state tensor");
+    for (r, row) in s.chunks_exact(args.v_dim).enumerate() {
+        unsafe { store_row_simd::<S>(st.at(&[slot, hv, r]), st.dtype, st.strides[3], row) };
     }
 }
 
@@ -1008,6 +1019,45 @@ impl HeadScratch {
         prefetch_l2(self.p.cast(), m * C * 4);
         prefetch_l2(self.qg.cast(), m * kp * 4);
         prefetch_l2(self.kdec.cast(), m * kp * 4);
+    }
+}
+
+/// [`inter_chunk`] with the sequence's checkpoints (ABI.md §4.10) that fall in the chunk: one
+/// strictly inside it runs the recurrence over the chunk's first tokens from the chunk-start
+/// state into a copy (so the chunk boundaries, and with them `out` and the carried state, stay
+/// exactly as without checkpoints); one at the chunk's end stores the carried state, rounded once
+/// as a final state is.
+///
+/// # Safety
+/// As for [`inter_chunk`]; the checkpoint slots are this task's alone.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn inter_chunk_checkpointed<S: Simd>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    hs: &HeadScratch,
+    s: &mut [f32],
+    vn: &mut [f32],
+    chunk: Chunk,
+    hv: usize,
+) {
+    let from = chunk.start - seq.start;
+    let to = from + chunk.len;
+    unsafe {
+        if seq.checkpoints.is_empty() {
+            return inter_chunk::<S>(args, hs, s, vn, chunk, hv);
+        }
+        let dtype = args.state.as_ref().map_or(DType::F32, |st| st.dtype);
+        for cp in seq.checkpoints_inside(from, to) {
+            let len = cp.after - from;
+            crate::with_float_type!(dtype, St => recurrent::checkpoint_from::<S, St>(
+                args, hv, s, chunk.start, len, cp.slot
+            ));
+        }
+        inter_chunk::<S>(args, hs, s, vn, chunk, hv);
+        for cp in seq.checkpoints_after(to) {
+            store_slot::<S>(args, cp.slot, hv, s);
+        }
     }
 }
 

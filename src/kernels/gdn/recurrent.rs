@@ -287,6 +287,9 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
             {
                 unsafe { store_state::<S, St>(args, slot, hv, &blocks[..], b, b + 1) };
             }
+            for cp in seq.checkpoints_after(i + 1) {
+                unsafe { store_state::<S, St>(args, cp.slot, hv, &blocks[..], b, b + 1) };
+            }
         }
     }
     if let StateWrite::Final(slot) = seq.write {
@@ -402,6 +405,12 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
                 }
                 o[j] = s_new.mul_add(q[r], o[j]);
             }
+            // A checkpoint of a decode is its final state: the row as just stored, bit for bit.
+            if let Some(dst) = dst {
+                for cp in &seq.checkpoints {
+                    std::ptr::copy_nonoverlapping(dst, row(cp.slot, r), vd);
+                }
+            }
         }
         let out = &args.out;
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], &o);
@@ -420,4 +429,58 @@ pub unsafe fn zero_rows(args: &DeltaRule, seq: &Sequence, hv: usize) {
             unsafe { write_f32(out.at(&[t, hv, j]), out.dtype, 0.0) };
         }
     }
+}
+
+/// A checkpoint inside a chunk (ABI.md §4.10): the state of v-head `hv` after the `len` tokens
+/// from packed token `start`, run through the recurrence from the f32 state `s0` (`[K][V]`, the
+/// chunk's start), stored to `slot` rounded to the state dtype. `s0` is not changed.
+///
+/// # Safety
+/// As for [`sequence_head`]; `slot` is this task's alone.
+#[inline(always)]
+pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
+    args: &DeltaRule,
+    hv: usize,
+    s0: &[f32],
+    start: usize,
+    len: usize,
+    slot: usize,
+) {
+    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
+    let span = Sequence {
+        start,
+        len,
+        padded: false,
+        read: None,
+        write: StateWrite::Nothing,
+        checkpoints: Vec::new(),
+    };
+    let tokens = unsafe { load_tokens::<S>(args, &span, hv) };
+    let blocks_n = vd.div_ceil(w);
+    let mut blocks = vec![0f32; blocks_n * kd * w];
+    let (mut v, mut o) = ([0f32; 32], [0f32; 32]);
+    for b in 0..blocks_n {
+        let v0 = b * w;
+        let width = w.min(vd - v0);
+        let block = &mut blocks[b * kd * w..(b + 1) * kd * w];
+        for r in 0..kd {
+            block[r * w..r * w + width].copy_from_slice(&s0[r * vd + v0..r * vd + v0 + width]);
+        }
+        for i in 0..len {
+            v[..width].copy_from_slice(&tokens.v[i * vd + v0..i * vd + v0 + width]);
+            v[width..w].iter_mut().for_each(|x| *x = 0.0);
+            let (q, k) = (
+                &tokens.q[i * kd..(i + 1) * kd],
+                &tokens.k[i * kd..(i + 1) * kd],
+            );
+            let decay = tokens.decay(i, args.per_channel, kd);
+            unsafe {
+                match args.per_channel {
+                    true => token::<S, true>(block, kd, q, k, &v, decay, tokens.beta[i], &mut o),
+                    false => token::<S, false>(block, kd, q, k, &v, decay, tokens.beta[i], &mut o),
+                }
+            }
+        }
+    }
+    unsafe { store_state::<S, St>(args, slot, hv, &blocks, 0, blocks_n) };
 }

@@ -142,6 +142,9 @@ unsafe fn sequence_head(args: &DeltaRule, b: usize, hv: usize) {
         {
             unsafe { store_state(args, slot, hv, &s) };
         }
+        for cp in seq.checkpoints_after(i + 1) {
+            unsafe { store_state(args, cp.slot, hv, &s) };
+        }
     }
     if let StateWrite::Final(slot) = seq.write {
         unsafe { store_state(args, slot, hv, &s) };

@@ -54,13 +54,14 @@ macro_rules! entry_points {
             #[inline(never)]
             unsafe fn inter_step(
                 args: &DeltaRule,
+                seq: &Sequence,
                 hs: &HeadScratch,
                 s: &mut [f32],
                 vn: &mut [f32],
                 chunk: Chunk,
                 hv: usize,
             ) {
-                unsafe { chunked::inter_chunk::<$simd>(args, hs, s, vn, chunk, hv) }
+                unsafe { chunked::inter_chunk_checkpointed::<$simd>(args, seq, hs, s, vn, chunk, hv) }
             }
 
             const STEPS: Steps = Steps { intra: intra_step, inter: inter_step };

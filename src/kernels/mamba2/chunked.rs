@@ -11,7 +11,7 @@
 //! Pass 1 ([`intra`], one task per (chunk, group)) stores C, `B^T` and `C B^T` in f32, shared by
 //! the group's heads; pass 2 ([`inter`], one task per (sequence, head)) runs the chunks in order.
 
-use super::recurrent::finish_row;
+use super::recurrent::{checkpoint_from, finish_row, store_transposed};
 use super::{CHUNK, Scan};
 use crate::kernels::chunking::{Chunk, TaskBuffer};
 use crate::kernels::gdn::gating::softplus_v;
@@ -163,7 +163,13 @@ pub unsafe fn inter<S: Simd>(
                     (false, None) => {}
                 }
                 let state_t = &mut states[k * size..(k + 1) * size];
+                let (from, to) = (chunk.start - seq.start, chunk.start - seq.start + chunk.len);
                 unsafe {
+                    for cp in seq.checkpoints_inside(from, to) {
+                        crate::with_float_type!(args.state_dtype(), St => {
+                            checkpoint_from::<S, St>(args, h, state_t, chunk.start, cp.after - from, cp.slot)
+                        });
+                    }
                     chunk_head::<S>(
                         args,
                         layout,
@@ -174,13 +180,19 @@ pub unsafe fn inter<S: Simd>(
                         state_t,
                         have_state,
                         &mut work,
-                    )
+                    );
+                    // A checkpoint at the chunk's end is the carried state (ABI.md §4.10).
+                    for cp in seq.checkpoints_after(to) {
+                        crate::with_float_type!(args.state_dtype(), St => {
+                            store_transposed::<S, St>(args, h, state_t, cp.slot)
+                        });
+                    }
                 };
             }
         }
         if let StateWrite::Final(slot) = seq.write {
             for (k, h) in heads.enumerate() {
-                unsafe { store_transposed(args, slot, h, &states[k * size..(k + 1) * size]) };
+                unsafe { store_final(args, slot, h, &states[k * size..(k + 1) * size]) };
             }
         }
     }
@@ -441,7 +453,7 @@ unsafe fn load_transposed(args: &Scan, slot: usize, h: usize, state_t: &mut [f32
 }
 
 /// Writes `hT [N][P]` to `[P][N]` of a state slot, rounded to its dtype.
-unsafe fn store_transposed(args: &Scan, slot: usize, h: usize, state_t: &[f32]) {
+unsafe fn store_final(args: &Scan, slot: usize, h: usize, state_t: &[f32]) {
     let st = args
         .state
         .as_ref()

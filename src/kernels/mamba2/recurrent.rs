@@ -282,7 +282,17 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
             };
             unsafe {
                 y[p] =
-                    decode_row::<S, St>(args, seq.read, write, h, p, decay[0], step[0] * x[p], bc)
+                    decode_row::<S, St>(args, seq.read, write, h, p, decay[0], step[0] * x[p], bc);
+                // A checkpoint of a decode is its final state: the row as just stored.
+                if let (Some(st), Some(slot)) = (st, write) {
+                    for cp in &seq.checkpoints {
+                        std::ptr::copy_nonoverlapping(
+                            st.at(&[slot, h, p, 0]).cast::<St>(),
+                            st.at(&[cp.slot, h, p, 0]).cast::<St>(),
+                            nd,
+                        );
+                    }
+                }
             };
             continue;
         }
@@ -319,6 +329,9 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
                 {
                     store_state_row::<S, St>(args, slot, h, p, row);
                 }
+                for cp in seq.checkpoints_after(i + 1) {
+                    store_state_row::<S, St>(args, cp.slot, h, p, row);
+                }
             }
         }
         if let StateWrite::Final(slot) = seq.write {
@@ -351,5 +364,79 @@ pub unsafe fn zero_rows(args: &Scan, seq: &Sequence, h: usize) {
         for p in 0..args.head_dim {
             unsafe { write_f32(out.at(&[t, h, p]), out.dtype, 0.0) };
         }
+    }
+}
+
+/// A checkpoint of a chunked sequence (ABI.md §4.10): the state of head `h` after the `len`
+/// tokens from packed token `start`, run through the recurrence from `state_t` (`hT [N][P]` in
+/// f32, a chunk's start), stored to `slot` rounded to the state dtype. `state_t` is not changed.
+///
+/// # Safety
+/// As for [`sequence_head`]; `slot` is this task's alone.
+#[inline(always)]
+pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
+    args: &Scan,
+    h: usize,
+    state_t: &[f32],
+    start: usize,
+    len: usize,
+    slot: usize,
+) {
+    let (pd, nd, l) = (args.head_dim, args.state_dim, S::LANES);
+    let np = nd.next_multiple_of(l);
+    let g = args.group(h);
+    // The state as rows `p` of `np` (zero-padded), then one token's B and x.
+    let mut buf = TaskBuffer::take(pd * np + np + pd);
+    let (rows, rest) = buf.split_at_mut(pd * np);
+    let (b_row, x) = rest.split_at_mut(np);
+    for (p, row) in rows.chunks_exact_mut(np).enumerate() {
+        for (n, v) in row[..nd].iter_mut().enumerate() {
+            *v = state_t[n * pd + p];
+        }
+    }
+    for t in start..start + len {
+        unsafe {
+            let step = args.step(t, h);
+            let a = S::splat((step * args.a[h]).exp());
+            load_row_simd::<S>(
+                args.b.at(&[t, g]),
+                args.b.dtype,
+                args.b.strides[2],
+                &mut b_row[..nd],
+            );
+            load_row_simd::<S>(args.x.at(&[t, h]), args.x.dtype, args.x.strides[2], x);
+            for (p, row) in rows.chunks_exact_mut(np).enumerate() {
+                let sx = S::splat(step * x[p]);
+                for n in (0..np).step_by(l) {
+                    let r = row.as_mut_ptr().add(n);
+                    let upd = S::mul(sx, S::load_f32(b_row.as_ptr().add(n)));
+                    S::store_f32(r, S::fma(S::load_f32(r), a, upd));
+                }
+            }
+        }
+    }
+    for (p, row) in rows.chunks_exact(np).enumerate() {
+        unsafe { store_state_row::<S, St>(args, slot, h, p, row) };
+    }
+}
+
+/// Stores `state_t` (`hT [N][P]` in f32) of head `h` to `slot`, rounded to the state dtype.
+///
+/// # Safety
+/// As for [`sequence_head`]; `slot` is this task's alone.
+#[inline(always)]
+pub unsafe fn store_transposed<S: Simd, St: SimdElement>(
+    args: &Scan,
+    h: usize,
+    state_t: &[f32],
+    slot: usize,
+) {
+    let (pd, nd) = (args.head_dim, args.state_dim);
+    let mut row = vec![0f32; nd];
+    for p in 0..pd {
+        for (n, v) in row.iter_mut().enumerate() {
+            *v = state_t[n * pd + p];
+        }
+        unsafe { store_state_row::<S, St>(args, slot, h, p, &row) };
     }
 }

@@ -82,6 +82,9 @@ unsafe fn sequence_head(args: &Scan, b: usize, h: usize) {
         {
             store(slot, &s);
         }
+        for cp in seq.checkpoints_after(i + 1) {
+            store(cp.slot, &s);
+        }
     }
     if let StateWrite::Final(slot) = seq.write {
         store(slot, &s);

@@ -550,6 +550,15 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
  * `h_t = exp(d A[h]) h_{t-1} + d x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, and with `z`
  * `y_t *= silu(z_t)`.
  *
+ * `A` of shape `[NH, N]` gives every state channel its own rate (Mamba-1: Jamba, Falcon-Mamba,
+ * Mamba, Zamba): `h_t[p][n] = exp(d A[h][n]) h_{t-1}[p][n] + d x_t[p] B_t[n]`. A Mamba-1 layer of
+ * `d_inner` channels is `NH = d_inner` heads of `P = 1` with `G = 1`, in token-major (`[T,
+ * d_inner]`) or channel-major (tokens contiguous, vLLM's and Hugging Face's) views; both take
+ * the channel-vectorised path. With `P > 1` a per-channel `A` always takes the recurrence.
+ * Fixed-decay linear attention (MiniMax, Ling linear) is the scan with `x = v`, `B = k`,
+ * `C = q`, `G = NH`, `dt` ones (a stride-0 view serves), `A[h] = -s_h`, flags 0, no clamp; its
+ * `[S, H, dk, dv]` pool passes as a strided view of `[S, NH, P, N]`.
+ *
  * Sequences, slots, pads, `has_initial_state`, zero-length sequences and speculative mode follow
  * ssmk_gated_delta_rule word for word: padded sequences get zero output rows and touch no state;
  * a sequence starts from a zero state unless `has_initial_state` says otherwise; the final state
@@ -580,7 +589,7 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
  * @param ctx                 context, or NULL for the process default.
  * @param x                   `[T, NH, P]` f32/bf16/f16.
  * @param dt                  `[T, NH]` f32/bf16/f16.
- * @param A                   `[NH]` f32.
+ * @param A                   `[NH]` f32, or `[NH, N]` f32 (per state channel: Mamba-1).
  * @param B                   `[T, G, N]` f32/bf16/f16, `NH % G == 0`.
  * @param C                   `[T, G, N]` f32/bf16/f16.
  * @param D                   `[NH]` f32, or NULL (no skip term).
@@ -604,7 +613,8 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
  *                            distinct, none a slot of a sequence of the call.
  * @retval SSMK_OK                     done.
  * @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
- * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or limit; `NH % G != 0`;
+ * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or limit (`A` not `[NH]` or
+ *                                     `[NH, N]`); `NH % G != 0`;
  *                                     duplicate slots; `num_accepted_tokens` or a sequence length
  *                                     outside its range; `has_initial_state` true with no state.
  *                                     Checkpoints: only one table given, unequal shapes or

@@ -81,6 +81,8 @@ struct Opts {
     softplus: bool,
     clamp: bool,
     decays: Decays,
+    /// `A` of shape `[NH, N]` (one rate per state channel, Mamba-1) instead of `[NH]`.
+    a_per_state: bool,
 }
 
 impl Opts {
@@ -98,6 +100,7 @@ impl Opts {
             softplus: true,
             clamp: false,
             decays: Decays::Normal,
+            a_per_state: false,
         }
     }
 
@@ -117,6 +120,7 @@ impl Opts {
             softplus: bits & 8 != 0,
             clamp: bits & 16 != 0,
             decays: Decays::Normal,
+            a_per_state: false,
         }
     }
 }
@@ -210,8 +214,16 @@ impl Scan {
                 _ => uniform(&mut rng, ln(1e-3), ln(0.1)).exp(),
             })
             .collect();
-        let mut a = Tensor::zeros(DType::F32, &[nh]);
-        fill_with(&mut a, |h| a_heads[h]);
+        let mut a = match o.a_per_state {
+            true => Tensor::zeros(DType::F32, &[nh, n]),
+            false => Tensor::zeros(DType::F32, &[nh]),
+        };
+        // Per state channel: each head's rate times a spread of U(1/4, 1) (Mamba-1's channels
+        // decay at different rates; its checkpoints start from A[h][n] = -(n + 1)).
+        fill_with(&mut a, |i| match o.a_per_state {
+            true => a_heads[i / n] * (0.25 + 0.75 * uniform(&mut rng, 0.0, 1.0)),
+            false => a_heads[i],
+        });
         let bias: Vec<f64> = (0..nh)
             .map(|h| match (o.decays, o.softplus) {
                 (Decays::Extreme, _) => uniform(&mut rng, -1.0, 1.0),
@@ -420,6 +432,7 @@ fn reference(p: &Scan, seqs: &[RefSeq]) -> Expect {
     let slot_len = nh * pd * nd;
     let heads_per_group = nh / ng;
     let softplus = p.flags & SSMK_MAMBA2_DT_SOFTPLUS != 0;
+    let per_state = p.a.shape.len() == 2;
     let (mut out, mut scale) = (vec![None; p.t * nh * pd], vec![0.0; p.t * nh * pd]);
     let states = run_reference(seqs, st0.as_deref(), slot_len, |t, state| {
         let Some(state) = state else {
@@ -433,7 +446,9 @@ fn reference(p: &Scan, seqs: &[RefSeq]) -> Expect {
                 d = if d > 20.0 { d } else { d.exp().ln_1p() };
             }
             d = d.max(p.dt_min as f64).min(p.dt_max as f64);
-            let decay = (d * a[h]).exp();
+            let decay: Vec<f64> = (0..nd)
+                .map(|j| (d * a[if per_state { h * nd + j } else { h }]).exp())
+                .collect();
             let bt = &b[(t * ng + grp) * nd..][..nd];
             let ct = &c[(t * ng + grp) * nd..][..nd];
             let sm = &mut state[h * pd * nd..][..pd * nd];
@@ -443,7 +458,7 @@ fn reference(p: &Scan, seqs: &[RefSeq]) -> Expect {
                 let row = &mut sm[r * nd..][..nd];
                 let (mut y, mut sq) = (0.0, 0.0);
                 for j in 0..nd {
-                    row[j] = decay * row[j] + dx * bt[j];
+                    row[j] = decay[j] * row[j] + dx * bt[j];
                     y += row[j] * ct[j];
                     sq += (row[j] * ct[j]).powi(2);
                 }
@@ -807,48 +822,55 @@ fn two_calls_equal_one_call() {
                 state: Some(state),
                 ..Opts::rotate(i + 5 * k)
             };
-            let mut one = Scan::new(300 + 3 * i as u64 + k as u64, t, dims, o, 2);
-            one.idx = Some(Tensor::ints(DType::I32, &[1]));
-            one.init = Some(Tensor::ints(DType::U8, &[1]));
-            let mut two = one.clone();
-            let scale = reference(&one, &plain_seqs(&one)).scale;
-            let what = format!("T {t} split {split} dims {dims:?} {o:?}");
-            one.run(Path::Auto, std::ptr::null(), &what);
-            two.cu = Some(Tensor::ints(DType::I32, &[0, split as i64]));
-            two.run(Path::Auto, std::ptr::null(), &what);
-            two.cu = Some(Tensor::ints(DType::I64, &[split as i64, t as i64]));
-            two.run(Path::Auto, std::ptr::null(), &what);
-            let mut worst = Worst::new();
-            for (j, (a, b)) in values(&two.out).iter().zip(values(&one.out)).enumerate() {
-                let r = (a - b).abs() / (2.0 * out_bound(&one, b, scale[j], true));
-                worst.add(if r.is_nan() { f64::INFINITY } else { r }, || {
-                    format!("{} {a} vs one call {b}", out_pos(&one, j))
-                });
-            }
-            let st = state_tol(&one).times(2.0);
-            let mut sworst = Worst::new();
-            let (s2, s1) = (two.state.as_ref().unwrap(), one.state.as_ref().unwrap());
-            for (j, (a, b)) in values(s2).iter().zip(values(s1)).enumerate() {
-                sworst.add(st.ratio(*a, b), || {
-                    format!("state[{j}] {a} vs one call {b}")
-                });
-            }
-            if report() {
-                eprintln!("{what}: out {:.3} state {:.3}", worst.ratio, sworst.ratio);
-            }
-            worst.check(&format!("{what}: output"), tol(one.out.dtype).times(2.0));
-            sworst.check(&format!("{what}: state"), st);
+            let one = Scan::new(300 + 3 * i as u64 + k as u64, t, dims, o, 2);
+            check_split(
+                one,
+                split,
+                &format!("T {t} split {split} dims {dims:?} {o:?}"),
+            );
         }
     }
+}
+
+/// `p` (one sequence over all its tokens, from slot 1 of a 2-slot pool) run as one call and as
+/// two split at token `split` agree within twice the tolerance.
+fn check_split(mut one: Scan, split: usize, what: &str) {
+    let t = one.t;
+    one.idx = Some(Tensor::ints(DType::I32, &[1]));
+    one.init = Some(Tensor::ints(DType::U8, &[1]));
+    let mut two = one.clone();
+    let scale = reference(&one, &plain_seqs(&one)).scale;
+    one.run(Path::Auto, std::ptr::null(), what);
+    two.cu = Some(Tensor::ints(DType::I32, &[0, split as i64]));
+    two.run(Path::Auto, std::ptr::null(), what);
+    two.cu = Some(Tensor::ints(DType::I64, &[split as i64, t as i64]));
+    two.run(Path::Auto, std::ptr::null(), what);
+    let mut worst = Worst::new();
+    for (j, (a, b)) in values(&two.out).iter().zip(values(&one.out)).enumerate() {
+        let r = (a - b).abs() / (2.0 * out_bound(&one, b, scale[j], true));
+        worst.add(if r.is_nan() { f64::INFINITY } else { r }, || {
+            format!("{} {a} vs one call {b}", out_pos(&one, j))
+        });
+    }
+    let st = state_tol(&one).times(2.0);
+    let mut sworst = Worst::new();
+    let (s2, s1) = (two.state.as_ref().unwrap(), one.state.as_ref().unwrap());
+    for (j, (a, b)) in values(s2).iter().zip(values(s1)).enumerate() {
+        sworst.add(st.ratio(*a, b), || {
+            format!("state[{j}] {a} vs one call {b}")
+        });
+    }
+    if report() {
+        eprintln!("{what}: out {:.3} state {:.3}", worst.ratio, sworst.ratio);
+    }
+    worst.check(&format!("{what}: output"), tol(one.out.dtype).times(2.0));
+    sworst.check(&format!("{what}: state"), st);
 }
 
 /// Decodes and prefills, padded and zero-length sequences in one call give bit-identical results
 /// to one call per sequence, on every path.
 #[test]
 fn mixed_batch_equals_separate_calls() {
-    let lens = [1usize, 100, 1, 0, 1, 70, 3, 1, 300, 0, 5];
-    let slots = [3i64, 0, 7, PAD, 2, 5, PAD, 9, 4, 6, 8];
-    let init = [1i64, 0, 1, 1, 1, 1, 0, 1, 1, 0, 1];
     for (i, (dims, o)) in [
         ((4, 32, 2, 16), Opts::all(DType::BF16, DType::F32)),
         ((6, 24, 3, 40), Opts::rotate(5)),
@@ -857,32 +879,41 @@ fn mixed_batch_equals_separate_calls() {
     .into_iter()
     .enumerate()
     {
-        let mut all = Scan::new(400 + i as u64, lens.iter().sum(), dims, o, 10).with_seqs(&lens);
-        all.idx = Some(Tensor::ints(DType::I32, &slots));
-        all.init = Some(Tensor::ints(DType::Bool, &init));
-        let before = all.clone();
-        for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
-            let what = format!("mixed batch dims {dims:?} {o:?} {path:?}");
-            let mut one = before.clone();
-            one.run(path, std::ptr::null(), &what);
-            let mut sep = before.clone();
-            for (cu, idx, init) in one_call_per_sequence(&lens, &slots, &init) {
-                (sep.cu, sep.idx, sep.init) = (Some(cu), Some(idx), Some(init));
-                sep.run(path, std::ptr::null(), &what);
-            }
-            assert!(one.out.bytes() == sep.out.bytes(), "{what}: outputs differ");
-            assert!(
-                one.state.as_ref().unwrap().bytes() == sep.state.as_ref().unwrap().bytes(),
-                "{what}: states differ"
+        check_mixed(400 + i as u64, dims, o);
+    }
+}
+
+/// A batch of decodes, prefills, padded and zero-length sequences of heads `dims` gives the
+/// bytes of one call per sequence, on every path, and matches the reference.
+fn check_mixed(seed: u64, dims: (usize, usize, usize, usize), o: Opts) {
+    let lens = [1usize, 100, 1, 0, 1, 70, 3, 1, 300, 0, 5];
+    let slots = [3i64, 0, 7, PAD, 2, 5, PAD, 9, 4, 6, 8];
+    let init = [1i64, 0, 1, 1, 1, 1, 0, 1, 1, 0, 1];
+    let mut all = Scan::new(seed, lens.iter().sum(), dims, o, 10).with_seqs(&lens);
+    all.idx = Some(Tensor::ints(DType::I32, &slots));
+    all.init = Some(Tensor::ints(DType::Bool, &init));
+    let before = all.clone();
+    for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
+        let what = format!("mixed batch dims {dims:?} {o:?} {path:?}");
+        let mut one = before.clone();
+        one.run(path, std::ptr::null(), &what);
+        let mut sep = before.clone();
+        for (cu, idx, init) in one_call_per_sequence(&lens, &slots, &init) {
+            (sep.cu, sep.idx, sep.init) = (Some(cu), Some(idx), Some(init));
+            sep.run(path, std::ptr::null(), &what);
+        }
+        assert!(one.out.bytes() == sep.out.bytes(), "{what}: outputs differ");
+        assert!(
+            one.state.as_ref().unwrap().bytes() == sep.state.as_ref().unwrap().bytes(),
+            "{what}: states differ"
+        );
+        if path == Path::Auto {
+            verify(
+                &before,
+                &one,
+                &reference(&before, &plain_seqs(&before)),
+                &what,
             );
-            if path == Path::Auto {
-                verify(
-                    &before,
-                    &one,
-                    &reference(&before, &plain_seqs(&before)),
-                    &what,
-                );
-            }
         }
     }
 }
@@ -1064,7 +1095,8 @@ fn padding_null_arguments_and_empty_sequences() {
 }
 
 /// Results are bitwise identical on one and two threads, on every path, for a mixed batch with
-/// enough heads and tokens to split into many tasks, and for a speculative batch.
+/// enough heads and tokens to split into many tasks, for a speculative batch and for a Mamba-1
+/// batch (channel blocks).
 #[test]
 fn one_and_two_threads_bitwise_equal() {
     let lens = [1usize, 130, 1, 65, 2, 1, 300];
@@ -1078,8 +1110,17 @@ fn one_and_two_threads_bitwise_equal() {
     .with_seqs(&lens);
     p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 0, 1, 1, 1, 1]));
     let (spec, _) = spec_case(701, (8, 32, 2, 64), Opts::all(DType::F16, DType::BF16));
+    let mut mamba1 = Scan::new(
+        702,
+        lens.iter().sum(),
+        (300, 1, 1, 16),
+        mamba1(Opts::all(DType::BF16, DType::F32)),
+        7,
+    )
+    .with_seqs(&lens);
+    mamba1.init = p.init.clone();
     let (c1, c2) = (Ctx::new(1), Ctx::new(2));
-    for (name, case) in [("mixed", &p), ("speculative", &spec)] {
+    for (name, case) in [("mixed", &p), ("speculative", &spec), ("mamba1", &mamba1)] {
         for path in [Path::Auto, Path::Recurrent, Path::Chunked] {
             let mut results = Vec::new();
             for ctx in [&c1, &c2] {
@@ -1126,7 +1167,10 @@ fn rejects_bad_inputs() {
     let dt_int = z(i32_, &[7, 4]);
     let a_wrong = z(f32_, &[5]);
     let a_bf16 = z(bf, &[4]);
-    let a_2d = z(f32_, &[4, 1]);
+    let a_state_n = z(f32_, &[4, 9]);
+    let a_state_heads = z(f32_, &[5, 8]);
+    let a_state_bf16 = z(bf, &[4, 8]);
+    let a_3d = z(f32_, &[4, 8, 1]);
     let c_n = z(bf, &[7, 2, 9]);
     let c_g = z(bf, &[7, 1, 8]);
     let bc_g3 = z(bf, &[7, 3, 8]);
@@ -1209,9 +1253,33 @@ fn rejects_bad_inputs() {
         (
             "A ndim",
             none(),
-            Box::new(|d| d.a = a_2d.desc()),
+            Box::new(|d| d.a = a_3d.desc()),
             INVALID,
-            &["A.ndim = 2"],
+            &[
+                "A.ndim = 3",
+                "expected 1 ([NH], Mamba-2) or 2 ([NH, N], Mamba-1)",
+            ],
+        ),
+        (
+            "A per state channel, wrong N",
+            none(),
+            Box::new(|d| d.a = a_state_n.desc()),
+            INVALID,
+            &["A.shape[1] = 9", "N = B.shape[2] = 8"],
+        ),
+        (
+            "A per state channel, wrong NH",
+            none(),
+            Box::new(|d| d.a = a_state_heads.desc()),
+            INVALID,
+            &["A.shape[0] = 5"],
+        ),
+        (
+            "A per state channel, not f32",
+            none(),
+            Box::new(|d| d.a = a_state_bf16.desc()),
+            DTYPE,
+            &["A.dtype = bfloat16"],
         ),
         (
             "C state size",
@@ -1816,6 +1884,18 @@ fn every_isa_checkpoints_equal_calls_ending_there() {
         let p = checkpoint_case(700 + i as u64, dims, o);
         let what = format!("checkpoints dims {dims:?} {o:?}");
         check_checkpoints(&p, &rows, &paths, &what, state_tol(&p).times(2.0));
+    } // Mamba-1 (channel blocks; `A` per state channel) and `A` per state channel with `P > 1`.
+    for (i, dims) in [(64, 1, 1, 16), (37, 1, 1, 5), (3, 8, 1, 16)]
+        .into_iter()
+        .enumerate()
+    {
+        let o = mamba1(Opts {
+            state: Some(FLOATS[i]),
+            ..Opts::rotate(5 * i + 1)
+        });
+        let p = checkpoint_case(720 + i as u64, dims, o);
+        let what = format!("mamba1 checkpoints dims {dims:?} {o:?}");
+        check_checkpoints(&p, &rows, &paths, &what, state_tol(&p).times(2.0));
     }
 }
 
@@ -1866,4 +1946,184 @@ fn rejects_bad_checkpoints() {
         "{}",
         common::last_error()
     );
+}
+
+/// Mamba-1 layer shapes `(NH = d_inner, P = 1, G, N)`: channel counts on and off the block
+/// width (32 channels on AVX2, 64 on AVX-512), N = 16 as Mamba-1 checkpoints ship it, an odd N,
+/// two groups.
+const MAMBA1_SHAPES: [(usize, usize, usize, usize); 5] = [
+    (64, 1, 1, 16),
+    (37, 1, 1, 16),
+    (100, 1, 1, 5),
+    (40, 1, 2, 17),
+    (200, 1, 1, 16),
+];
+
+/// `o` with `A` of shape `[NH, N]`.
+fn mamba1(o: Opts) -> Opts {
+    Opts {
+        a_per_state: true,
+        ..o
+    }
+}
+
+/// Mamba-1 (`A [NH, N]`, `P = 1`) against the reference, every seq-len list x shape with the
+/// rotating options; every other case keeps `A` per head (the channel path serves both). Then
+/// `A` per state channel with `P > 1`, which takes the recurrence.
+#[test]
+fn every_isa_mamba1_matches_reference() {
+    let mut case = 0u64;
+    for (s, &dims) in MAMBA1_SHAPES.iter().enumerate() {
+        for (l, lens) in SEQ_LEN_LISTS.iter().enumerate() {
+            case += 1;
+            if !common::sampled(case, 7) {
+                continue;
+            }
+            let o = Opts {
+                a_per_state: case % 2 == 1,
+                ..Opts::rotate(11 * s + l)
+            };
+            let p = batch_case(1000 + case, lens, dims, o);
+            run_and_verify(&p, &format!("mamba1 lens {lens:?} dims {dims:?} {o:?}"));
+        }
+    }
+    for (i, dims) in [(4, 8, 2, 16), (3, 5, 1, 7)].into_iter().enumerate() {
+        let o = mamba1(Opts::rotate(3 + i));
+        let p = batch_case(1100 + i as u64, &[1, 40, 3, 70], dims, o);
+        run_and_verify(&p, &format!("A per state channel, dims {dims:?} {o:?}"));
+    }
+}
+
+/// Decays of `d A` down to about -20 (and below, with the extreme `dt`) per token: never NaN or
+/// inf, states that underflow give zeros.
+#[test]
+fn every_isa_mamba1_large_decays_match_reference() {
+    for (i, decays) in [Decays::Large, Decays::Extreme].into_iter().enumerate() {
+        let o = mamba1(Opts {
+            decays,
+            ..Opts::all(DType::F32, DType::F32)
+        });
+        let p = batch_case(1150 + i as u64, &[1, 90, 5], (37, 1, 1, 16), o);
+        run_and_verify(&p, &format!("mamba1 {decays:?}"));
+    }
+}
+
+/// Channel-major views (tokens contiguous per channel: vLLM's `[d_inner, T]`, one row of Hugging
+/// Face's `[B, d_inner, L]`) for x, dt, z and out, with padded state rows in one case.
+#[test]
+fn every_isa_mamba1_channel_major_matches_reference() {
+    for (i, (dims, act, state)) in [
+        ((64, 1, 1, 16), DType::BF16, DType::F32),
+        ((37, 1, 1, 16), DType::F32, DType::BF16),
+        ((20, 1, 1, 5), DType::F16, DType::F16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let o = mamba1(Opts::all(act, state));
+        let mut s = batch_case(1200 + i as u64, &[1, 70, 33, 0, 2], dims, o);
+        let (t, nh, n) = (s.t, dims.0, dims.3);
+        s.x = restride(&s.x, &[1, t, 1]);
+        s.dt = restride(&s.dt, &[1, t]);
+        s.z = Some(restride(s.z.as_ref().unwrap(), &[1, t, 1]));
+        s.out = restride(&s.out, &[1, t, 1]);
+        if i == 1 {
+            let st = s.state.as_ref().unwrap();
+            s.state = Some(restride(st, &[nh * (n + 3), n + 3, n + 3, 1]));
+        }
+        run_and_verify(&s, &format!("channel-major {dims:?} {o:?}"));
+    }
+}
+
+/// Speculative decode of Mamba-1 shapes: every token's state of every channel block.
+#[test]
+fn every_isa_mamba1_speculative_matches_reference() {
+    for (i, (dims, state)) in [
+        ((64, 1, 1, 16), Some(DType::F32)),
+        ((37, 1, 1, 16), Some(DType::BF16)),
+        ((20, 1, 1, 5), None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let o = mamba1(Opts {
+            state,
+            ..Opts::rotate(7 * i + 1)
+        });
+        let (p, seqs) = spec_case(1300 + i as u64, dims, o);
+        verify_every_isa(
+            &p,
+            &reference(&p, &seqs),
+            &format!("mamba1 speculative {o:?}"),
+        );
+    }
+}
+
+/// Mamba-1 prefills split over two calls agree with one call; mixed batches equal one call per
+/// sequence bit for bit.
+#[test]
+fn mamba1_two_calls_and_mixed_batches() {
+    for (i, &(t, split)) in [(100, 37), (200, 1), (64, 32), (97, 0), (150, 149)]
+        .iter()
+        .enumerate()
+    {
+        let dims = MAMBA1_SHAPES[i % 2];
+        let o = mamba1(Opts {
+            state: Some(FLOATS[i % 3]),
+            ..Opts::rotate(3 * i)
+        });
+        let one = Scan::new(1400 + i as u64, t, dims, o, 2);
+        check_split(one, split, &format!("mamba1 T {t} split {split} {o:?}"));
+    }
+    check_mixed(
+        1450,
+        (64, 1, 1, 16),
+        mamba1(Opts::all(DType::BF16, DType::F32)),
+    );
+    check_mixed(1451, (37, 1, 1, 16), mamba1(Opts::rotate(7)));
+}
+
+/// Fixed-decay linear attention ("lightning", ABI.md §4.9) over `lens`: `x = v`, `B = k`,
+/// `C = q` with a group per head (`G = NH = H`, `P = dv`, `N = dk`), `dt` ones through a
+/// stride-0 view, `A[h] = -s_h` with MiniMax-like slopes `2^(-8 (h+1) / H)`, no D, z, bias or
+/// clamp, so `S_t = e^(-s_h) S_{t-1} + v_t k_t^T`, `o_t = S_t q_t`; the state pool in vLLM's
+/// `[S, H, dk, dv]` order, passed as a strided `[S, NH, P, N]` view.
+fn lightning(seed: u64, lens: &[usize], (h, dv, dk): (usize, usize, usize), act: DType) -> Scan {
+    let o = Opts {
+        d: false,
+        z: false,
+        bias: false,
+        softplus: false,
+        clamp: false,
+        ..Opts::all(act, DType::F32)
+    };
+    let mut s = batch_case(seed, lens, (h, dv, h, dk), o);
+    let mut ones = Tensor::zeros(DType::F32, &[s.t, h]);
+    fill_with(&mut ones, |_| 1.0);
+    s.dt = restride(&ones, &[0, 0]);
+    fill_with(&mut s.a, |i| -(2f64).powf(-8.0 * (i + 1) as f64 / h as f64));
+    let st = s.state.as_ref().unwrap();
+    s.state = Some(restride(st, &[h * dk * dv, dk * dv, 1, dv]));
+    s
+}
+
+/// Lightning attention against the reference on both paths: decodes beside prefills, a padded
+/// sequence, the state in vLLM's layout; a prefill split over two calls agrees with one call.
+#[test]
+fn every_isa_lightning_matches_reference() {
+    let mut cases = vec![((4, 32, 32), DType::BF16), ((3, 20, 12), DType::F32)];
+    if !common::small_shapes() {
+        cases.push(((2, 128, 128), DType::BF16));
+    }
+    for (i, (dims, act)) in cases.into_iter().enumerate() {
+        let mut p = lightning(1500 + i as u64, &[1, 130, 3, 64, 1], dims, act);
+        let idx = values(p.idx.as_ref().unwrap());
+        let mut slots: Vec<i64> = idx.iter().map(|&v| v as i64).collect();
+        slots[3] = PAD;
+        p.idx = Some(Tensor::ints(DType::I32, &slots));
+        run_and_verify(&p, &format!("lightning {dims:?} {act:?}"));
+        let mut one = lightning(1550 + i as u64, &[150], dims, act);
+        one.cu = None;
+        check_split(one, 70, &format!("lightning split {dims:?}"));
+    }
 }

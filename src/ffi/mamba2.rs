@@ -29,6 +29,33 @@ fn per_head(v: Option<&View>, heads: usize, absent: f32) -> crate::error::Result
         .collect())
 }
 
+/// `A`: `[NH]` (one rate per head, Mamba-2) or `[NH, N]` (one per state channel, Mamba-1), f32,
+/// read row-major, with whether it is per state channel.
+fn decay_rates(a: &View, heads: usize, state_dim: usize) -> crate::error::Result<(Vec<f32>, bool)> {
+    if a.ndim != 2 {
+        ensure!(
+            a.ndim == 1,
+            InvalidArgument,
+            "A.ndim = {}, expected 1 ([NH], Mamba-2) or 2 ([NH, N], Mamba-1) (shape {:?})",
+            a.ndim,
+            a.dims()
+        );
+        return Ok((per_head(Some(a), heads, 0.0)?, false));
+    }
+    expect_shape(
+        a,
+        &[heads, state_dim],
+        &["NH = x.shape[1]", "N = B.shape[2]"],
+        &[DType::F32],
+    )?;
+    let s = strided(a);
+    // SAFETY: `h < NH`, `n < N` are inside the validated view.
+    let rates = (0..heads * state_dim)
+        .map(|i| unsafe { read_f32(s.at(&[i / state_dim, i % state_dim]), DType::F32) })
+        .collect();
+    Ok((rates, true))
+}
+
 /// Runs Mamba-2's selective-state scan over a batch of sequences that may mix prefills (chunked SSD
 /// form), decodes and speculative decodes, continuing each from its slot of a state pool
 /// (ABI.md §4.9). Per token and head `h` (group `h / (NH/G)`):
@@ -36,6 +63,15 @@ fn per_head(v: Option<&View>, heads: usize, absent: f32) -> crate::error::Result
 /// (`x` above 20, else `log(1 + e^x)`), `d = min(max(d, dt_min), dt_max)`;
 /// `h_t = exp(d A[h]) h_{t-1} + d x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, and with `z`
 /// `y_t *= silu(z_t)`.
+///
+/// `A` of shape `[NH, N]` gives every state channel its own rate (Mamba-1: Jamba, Falcon-Mamba,
+/// Mamba, Zamba): `h_t[p][n] = exp(d A[h][n]) h_{t-1}[p][n] + d x_t[p] B_t[n]`. A Mamba-1 layer of
+/// `d_inner` channels is `NH = d_inner` heads of `P = 1` with `G = 1`, in token-major (`[T,
+/// d_inner]`) or channel-major (tokens contiguous, vLLM's and Hugging Face's) views; both take
+/// the channel-vectorised path. With `P > 1` a per-channel `A` always takes the recurrence.
+/// Fixed-decay linear attention (MiniMax, Ling linear) is the scan with `x = v`, `B = k`,
+/// `C = q`, `G = NH`, `dt` ones (a stride-0 view serves), `A[h] = -s_h`, flags 0, no clamp; its
+/// `[S, H, dk, dv]` pool passes as a strided view of `[S, NH, P, N]`.
 ///
 /// Sequences, slots, pads, `has_initial_state`, zero-length sequences and speculative mode follow
 /// ssmk_gated_delta_rule word for word: padded sequences get zero output rows and touch no state;
@@ -67,7 +103,7 @@ fn per_head(v: Option<&View>, heads: usize, absent: f32) -> crate::error::Result
 /// @param ctx                 context, or NULL for the process default.
 /// @param x                   `[T, NH, P]` f32/bf16/f16.
 /// @param dt                  `[T, NH]` f32/bf16/f16.
-/// @param A                   `[NH]` f32.
+/// @param A                   `[NH]` f32, or `[NH, N]` f32 (per state channel: Mamba-1).
 /// @param B                   `[T, G, N]` f32/bf16/f16, `NH % G == 0`.
 /// @param C                   `[T, G, N]` f32/bf16/f16.
 /// @param D                   `[NH]` f32, or NULL (no skip term).
@@ -91,7 +127,8 @@ fn per_head(v: Option<&View>, heads: usize, absent: f32) -> crate::error::Result
 ///                            distinct, none a slot of a sequence of the call.
 /// @retval SSMK_OK                     done.
 /// @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
-/// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or limit; `NH % G != 0`;
+/// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or limit (`A` not `[NH]` or
+///                                     `[NH, N]`); `NH % G != 0`;
 ///                                     duplicate slots; `num_accepted_tokens` or a sequence length
 ///                                     outside its range; `has_initial_state` true with no state.
 ///                                     Checkpoints: only one table given, unequal shapes or
@@ -174,7 +211,6 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             &["T = x.shape[0]", "NH = x.shape[1]"],
             &FLOATS,
         )?;
-        let a = per_head(Some(&a_view), heads, 0.0)?;
         b.expect_ndim(3)?;
         b.expect_dtype(&FLOATS)?;
         b.expect_dim(0, tokens, "T = x.shape[0]")?;
@@ -195,6 +231,7 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             &["T = x.shape[0]", "G = B.shape[1]", "N = B.shape[2]"],
             &FLOATS,
         )?;
+        let (a, a_per_state) = decay_rates(&a_view, heads, state_dim)?;
         let d_skip = per_head(d.as_ref(), heads, 0.0)?;
         if let Some(z) = &z {
             expect_shape(
@@ -280,6 +317,7 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             out: strided(&out),
             state: state.as_ref().map(strided),
             a,
+            a_per_state,
             d: d_skip,
             dt_bias: bias,
             dt_softplus: flags & SSMK_MAMBA2_DT_SOFTPLUS != 0,

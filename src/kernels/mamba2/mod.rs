@@ -3,10 +3,14 @@
 //! One recurrence per (sequence, head `h`), with `d_t` the token's step (`dt + dt_bias`, softplus,
 //! clamp) and `a_t = exp(d_t A[h])`:
 //! `h_t = a_t h_{t-1} + d_t x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, `y_t *= silu(z_t)`.
+//! With `A` of shape `[NH, N]` (Mamba-1) the decay is per state channel: `exp(d_t A[h][n])`
+//! scales column `n` of the state.
 //! - [`reference`]: the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
 //! - `recurrent`: the recurrence in f32 SIMD for decodes, speculative and short sequences. Rows
 //!   `p` of the state evolve independently, so each row runs every token while it sits in L1: the
 //!   state is streamed from memory once per call (once per token written in speculative mode).
+//! - `channels`: scans with one channel per head (`P = 1`, Mamba-1's `d_inner` channels), the
+//!   channels in SIMD lanes, for every kind of sequence.
 //! - `chunked`: the SSD form with chunks of [`CHUNK`] tokens, as small GEMMs. Pass 1 (parallel
 //!   over (chunk, group)) builds `C B^T`, shared by the group's heads; pass 2 (parallel over
 //!   (sequence, head)) runs the chunks of one sequence in order through the state.
@@ -16,6 +20,8 @@
 
 pub mod reference;
 
+#[cfg(target_arch = "x86_64")]
+mod channels;
 #[cfg(target_arch = "x86_64")]
 mod chunked;
 #[cfg(target_arch = "x86_64")]
@@ -56,8 +62,11 @@ pub struct Scan {
     pub z: Option<Strided>,
     pub out: Strided,
     pub state: Option<Strided>,
-    /// `A[h]`, `D[h]` (0 when NULL), `dt_bias[h]` (0 when NULL).
+    /// `A[h]` (`[NH]`), or `A[h][n]` (`[NH * N]`) when `a_per_state`; `D[h]` (0 when NULL),
+    /// `dt_bias[h]` (0 when NULL).
     pub a: Vec<f32>,
+    /// `A` is `[NH, N]`: one decay rate per state channel (Mamba-1), not one per head.
+    pub a_per_state: bool,
     pub d: Vec<f32>,
     pub dt_bias: Vec<f32>,
     /// Apply softplus to `dt + dt_bias`.
@@ -88,6 +97,15 @@ impl Scan {
             raw
         };
         clamp(d, self.dt_min, self.dt_max)
+    }
+
+    /// `A` of head `h` and state channel `n`.
+    #[inline(always)]
+    pub fn a_at(&self, h: usize, n: usize) -> f32 {
+        match self.a_per_state {
+            true => self.a[h * self.state_dim + n],
+            false => self.a[h],
+        }
     }
 
     /// The state's dtype (f32 when there is none).

@@ -144,6 +144,49 @@ pub(super) unsafe fn store_state_row<S: Simd, St: SimdElement>(
     }
 }
 
+/// The decays of the state rows' updates: one factor per token for the whole row (`A` per head),
+/// or one per token and state channel (`A` per state channel, Mamba-1). A type, not a branch, so
+/// each form's row loop is compiled on its own.
+trait Decays<S: Simd>: Copy {
+    /// The factors of token `i` for state channels `n .. n + LANES`.
+    unsafe fn at(self, i: usize, n: usize) -> S::V;
+
+    /// The factor of token `i` for state channel `n` alone.
+    fn one(self, i: usize, n: usize) -> f32;
+}
+
+/// `decay[i]` for every channel of token `i`.
+#[derive(Clone, Copy)]
+struct PerHead<'a>(&'a [f32]);
+
+/// `decay[i * np + n]`: rows of `np` factors, zero-padded `A` giving 1 past `N`.
+#[derive(Clone, Copy)]
+struct PerState<'a>(&'a [f32], usize);
+
+impl<S: Simd> Decays<S> for PerHead<'_> {
+    #[inline(always)]
+    unsafe fn at(self, i: usize, _: usize) -> S::V {
+        unsafe { S::splat(self.0[i]) }
+    }
+
+    #[inline(always)]
+    fn one(self, i: usize, _: usize) -> f32 {
+        self.0[i]
+    }
+}
+
+impl<S: Simd> Decays<S> for PerState<'_> {
+    #[inline(always)]
+    unsafe fn at(self, i: usize, n: usize) -> S::V {
+        unsafe { S::load_f32(self.0.as_ptr().add(i * self.1 + n)) }
+    }
+
+    #[inline(always)]
+    fn one(self, i: usize, n: usize) -> f32 {
+        self.0[i * self.1 + n]
+    }
+}
+
 /// One row of a decode straight on the slot rows (contiguous, dtype `St`): `h = a h + s B` read
 /// from row `p` of `read` (zeros when `None`), stored to row `p` of `write` (when given), and
 /// returns `y[p] = h . C`, summed as the blocked recurrence sums it. `bc` holds B and C of the
@@ -153,13 +196,13 @@ pub(super) unsafe fn store_state_row<S: Simd, St: SimdElement>(
 /// As for [`sequence_head`]; the state is contiguous in `n` and of dtype `St`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn decode_row<S: Simd, St: SimdElement>(
+unsafe fn decode_row<S: Simd, St: SimdElement, Dc: Decays<S>>(
     args: &Scan,
     read: Option<usize>,
     write: Option<usize>,
     h: usize,
     p: usize,
-    decay: f32,
+    decay: Dc,
     s: f32,
     bc: &[f32],
 ) -> f32 {
@@ -173,14 +216,14 @@ unsafe fn decode_row<S: Simd, St: SimdElement>(
     let src = read.map(|slot| st.at(&[slot, h, p, 0]).cast::<St>());
     let dst = write.map(|slot| st.at(&[slot, h, p, 0]).cast::<St>());
     unsafe {
-        let (a, sv) = (S::splat(decay), S::splat(s));
+        let sv = S::splat(s);
         let (b_row, c_row) = (bc.as_ptr(), bc.as_ptr().add(np));
         let mut acc = [S::zero(); 2];
         let mut k = 0;
         for n in (0..full).step_by(l) {
             let upd = S::mul(sv, S::load_f32(b_row.add(n)));
             let hv = match src {
-                Some(src) => S::fma(St::load::<S>(src.add(n)), a, upd),
+                Some(src) => S::fma(St::load::<S>(src.add(n)), decay.at(0, n), upd),
                 None => upd,
             };
             if let Some(dst) = dst {
@@ -194,7 +237,7 @@ unsafe fn decode_row<S: Simd, St: SimdElement>(
             let mut tail = [0f32; 16];
             for n in full..nd {
                 let old = src.map_or(0.0, |src| (*src.add(n)).to_f32());
-                tail[n - full] = old.mul_add(decay, s * bc[n]);
+                tail[n - full] = old.mul_add(decay.one(0, n), s * bc[n]);
                 if let Some(dst) = dst {
                     *dst.add(n) = St::from_f32(tail[n - full]);
                 }
@@ -218,11 +261,13 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
     let (pd, nd, len, l) = (args.head_dim, args.state_dim, seq.len, S::LANES);
     let np = nd.next_multiple_of(l);
     let g = args.group(h);
-    // Per token: the step, the decay, B and C (zero-padded to `np`), x, z and y; one state row.
+    // Per token: the step, the decay (a row of `np` with `A` per state channel), B and C
+    // (zero-padded to `np`), x, z and y; one state row.
+    let decay_len = if args.a_per_state { len * np } else { len };
     let z_len = if args.z.is_some() { len * pd } else { 0 };
-    let mut buf = TaskBuffer::take(2 * len + 2 * len * np + 2 * len * pd + z_len + np);
+    let mut buf = TaskBuffer::take(len + decay_len + 2 * len * np + 2 * len * pd + z_len + np);
     let (step, rest) = buf.split_at_mut(len);
-    let (decay, rest) = rest.split_at_mut(len);
+    let (decay, rest) = rest.split_at_mut(decay_len);
     let (bc, rest) = rest.split_at_mut(2 * len * np);
     let (x, rest) = rest.split_at_mut(len * pd);
     let (y, rest) = rest.split_at_mut(len * pd);
@@ -231,7 +276,6 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
         let t = seq.start + i;
         unsafe {
             step[i] = args.step(t, h);
-            decay[i] = (step[i] * args.a[h]).exp();
             let (b_row, c_row) = bc[2 * i * np..2 * (i + 1) * np].split_at_mut(np);
             load_row_simd::<S>(
                 args.b.at(&[t, g]),
@@ -257,6 +301,62 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
             }
         }
     }
+    unsafe {
+        if args.a_per_state {
+            // `exp(d A[h][n])` per token; `A` zero-padded, so the padding decays by 1.
+            let a_row = &mut row[..np];
+            a_row[..nd].copy_from_slice(&args.a[h * nd..(h + 1) * nd]);
+            for i in 0..len {
+                for n in (0..np).step_by(l) {
+                    let e = S::mul(S::splat(step[i]), S::load_f32(a_row.as_ptr().add(n)));
+                    S::store_f32(decay.as_mut_ptr().add(i * np + n), S::exp(e));
+                }
+            }
+            rows::<S, St, _>(args, seq, h, PerState(decay, np), step, bc, x, y, row);
+        } else {
+            for i in 0..len {
+                decay[i] = (step[i] * args.a[h]).exp();
+            }
+            rows::<S, St, _>(args, seq, h, PerHead(decay), step, bc, x, y, row);
+        }
+    }
+    let out = &args.out;
+    for i in 0..len {
+        let rows = i * pd..(i + 1) * pd;
+        let zi = args.z.as_ref().map(|_| &z[rows.clone()]);
+        unsafe {
+            finish_row::<S>(&mut y[rows.clone()], &x[rows.clone()], zi, args.d[h]);
+            store_row_simd::<S>(
+                out.at(&[seq.start + i, h]),
+                out.dtype,
+                out.strides[2],
+                &y[rows],
+            );
+        }
+    }
+}
+
+/// The state rows of one (sequence, head) through every token: `y[i][p] = h_i[p] . C_i` before
+/// the skip term and the gate. Per token `i`: `step[i]`, B and C in `bc` (rows of `np`), `x[i]`
+/// (rows of `P`); `row` is one zero-padded state row of scratch.
+///
+/// # Safety
+/// As for [`sequence_head`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows<S: Simd, St: SimdElement, Dc: Decays<S>>(
+    args: &Scan,
+    seq: &Sequence,
+    h: usize,
+    decay: Dc,
+    step: &[f32],
+    bc: &[f32],
+    x: &[f32],
+    y: &mut [f32],
+    row: &mut [f32],
+) {
+    let (pd, nd, len, l) = (args.head_dim, args.state_dim, seq.len, S::LANES);
+    let np = nd.next_multiple_of(l);
     let st = args.state.as_ref();
     // A decode on a contiguous state of dtype `St` updates the slot's rows in place: no copy.
     let in_place = len == 1 && st.is_some_and(|st| st.strides[3] == 1 && st.dtype == St::DTYPE);
@@ -282,7 +382,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
             };
             unsafe {
                 y[p] =
-                    decode_row::<S, St>(args, seq.read, write, h, p, decay[0], step[0] * x[p], bc);
+                    decode_row::<S, St, Dc>(args, seq.read, write, h, p, decay, step[0] * x[p], bc);
                 // A checkpoint of a decode is its final state: the row as just stored.
                 if let (Some(st), Some(slot)) = (st, write) {
                     for cp in &seq.checkpoints {
@@ -309,7 +409,6 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
         }
         for i in 0..len {
             unsafe {
-                let a = S::splat(decay[i]);
                 let s = S::splat(step[i] * x[i * pd + p]);
                 let (b_row, c_row) = (
                     bc.as_ptr().add(2 * i * np),
@@ -319,7 +418,8 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
                 let mut acc = [S::zero(); 2];
                 for (k, n) in (0..np).step_by(l).enumerate() {
                     let r = row.as_mut_ptr().add(n);
-                    let hv = S::fma(S::load_f32(r), a, S::mul(s, S::load_f32(b_row.add(n))));
+                    let upd = S::mul(s, S::load_f32(b_row.add(n)));
+                    let hv = S::fma(S::load_f32(r), decay.at(i, n), upd);
                     S::store_f32(r, hv);
                     acc[k & 1] = S::fma(hv, S::load_f32(c_row.add(n)), acc[k & 1]);
                 }
@@ -336,20 +436,6 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
         }
         if let StateWrite::Final(slot) = seq.write {
             unsafe { store_state_row::<S, St>(args, slot, h, p, row) };
-        }
-    }
-    let out = &args.out;
-    for i in 0..len {
-        let rows = i * pd..(i + 1) * pd;
-        let zi = args.z.as_ref().map(|_| &z[rows.clone()]);
-        unsafe {
-            finish_row::<S>(&mut y[rows.clone()], &x[rows.clone()], zi, args.d[h]);
-            store_row_simd::<S>(
-                out.at(&[seq.start + i, h]),
-                out.dtype,
-                out.strides[2],
-                &y[rows],
-            );
         }
     }
 }
@@ -385,10 +471,11 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
     let (pd, nd, l) = (args.head_dim, args.state_dim, S::LANES);
     let np = nd.next_multiple_of(l);
     let g = args.group(h);
-    // The state as rows `p` of `np` (zero-padded), then one token's B and x.
-    let mut buf = TaskBuffer::take(pd * np + np + pd);
+    // The state as rows `p` of `np` (zero-padded), then one token's B, decays and x.
+    let mut buf = TaskBuffer::take(pd * np + 2 * np + pd);
     let (rows, rest) = buf.split_at_mut(pd * np);
-    let (b_row, x) = rest.split_at_mut(np);
+    let (b_row, rest) = rest.split_at_mut(np);
+    let (decay, x) = rest.split_at_mut(np);
     for (p, row) in rows.chunks_exact_mut(np).enumerate() {
         for (n, v) in row[..nd].iter_mut().enumerate() {
             *v = state_t[n * pd + p];
@@ -397,7 +484,9 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
     for t in start..start + len {
         unsafe {
             let step = args.step(t, h);
-            let a = S::splat((step * args.a[h]).exp());
+            for (n, e) in decay[..nd].iter_mut().enumerate() {
+                *e = (step * args.a_at(h, n)).exp();
+            }
             load_row_simd::<S>(
                 args.b.at(&[t, g]),
                 args.b.dtype,
@@ -410,6 +499,7 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
                 for n in (0..np).step_by(l) {
                     let r = row.as_mut_ptr().add(n);
                     let upd = S::mul(sx, S::load_f32(b_row.as_ptr().add(n)));
+                    let a = S::load_f32(decay.as_ptr().add(n));
                     S::store_f32(r, S::fma(S::load_f32(r), a, upd));
                 }
             }
@@ -417,26 +507,5 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
     }
     for (p, row) in rows.chunks_exact(np).enumerate() {
         unsafe { store_state_row::<S, St>(args, slot, h, p, row) };
-    }
-}
-
-/// Stores `state_t` (`hT [N][P]` in f32) of head `h` to `slot`, rounded to the state dtype.
-///
-/// # Safety
-/// As for [`sequence_head`]; `slot` is this task's alone.
-#[inline(always)]
-pub unsafe fn store_transposed<S: Simd, St: SimdElement>(
-    args: &Scan,
-    h: usize,
-    state_t: &[f32],
-    slot: usize,
-) {
-    let (pd, nd) = (args.head_dim, args.state_dim);
-    let mut row = vec![0f32; nd];
-    for p in 0..pd {
-        for (n, v) in row.iter_mut().enumerate() {
-            *v = state_t[n * pd + p];
-        }
-        unsafe { store_state_row::<S, St>(args, slot, h, p, &row) };
     }
 }

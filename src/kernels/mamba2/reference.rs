@@ -49,14 +49,18 @@ unsafe fn sequence_head(args: &Scan, b: usize, h: usize) {
         }
     };
     let g = args.group(h);
-    let (a, dskip) = (args.a[h] as f64, args.d[h] as f64);
+    let a: Vec<f64> = (0..nd).map(|n| args.a_at(h, n) as f64).collect();
+    let dskip = args.d[h] as f64;
+    let mut decay = vec![0f64; nd];
     for i in 0..seq.len {
         let t = seq.start + i;
         let raw =
             unsafe { read_f32(args.dt.at(&[t, h]), args.dt.dtype) } as f64 + args.dt_bias[h] as f64;
         let d = if args.dt_softplus { softplus(raw) } else { raw };
         let d = clamp(d, args.dt_min as f64, args.dt_max as f64);
-        let decay = (d * a).exp();
+        for (e, &a) in decay.iter_mut().zip(&a) {
+            *e = (d * a).exp();
+        }
         let read = |x: &crate::kernels::strided::Strided, idx: &[usize]| unsafe {
             read_f32(x.at(idx), x.dtype) as f64
         };
@@ -67,7 +71,7 @@ unsafe fn sequence_head(args: &Scan, b: usize, h: usize) {
             let row = &mut s[p * nd..(p + 1) * nd];
             let mut y = 0f64;
             for n in 0..nd {
-                row[n] = decay * row[n] + d * xp * bt[n];
+                row[n] = decay[n] * row[n] + d * xp * bt[n];
                 y += row[n] * ct[n];
             }
             y += dskip * xp;

@@ -2,6 +2,7 @@
 //! context's threads with the entry points of one instruction set. The kernel bodies are generic
 //! over [`Simd`]; each ISA only instantiates them under its `#[target_feature]`.
 
+use super::channels::{self, BLOCK_VECTORS};
 use super::chunked::{self, Layout};
 use super::{CHUNK, RECURRENT_MAX_LEN, Scan, recurrent};
 use crate::error::{Error, Result, Status};
@@ -12,12 +13,16 @@ use crate::runtime::{Context, Isa};
 use std::ops::Range;
 
 type RecurrentFn = unsafe fn(&Scan, &Sequence, usize);
+type ChannelsFn = unsafe fn(&Scan, &Sequence, Range<usize>);
 type IntraFn = unsafe fn(&Scan, &Layout, *mut f32, usize, Chunk, usize);
 type InterFn = unsafe fn(&Scan, &Layout, *mut f32, &Sequence, usize, &[Chunk], Range<usize>);
 
 /// The entry points of one instruction set.
 struct Kernels {
     recurrent: RecurrentFn,
+    channels: ChannelsFn,
+    /// Channels per task of `channels`.
+    channel_block: usize,
     intra: IntraFn,
     inter: InterFn,
 }
@@ -32,6 +37,11 @@ macro_rules! entry_points {
                 crate::with_float_type!(args.state_dtype(), St => unsafe {
                     recurrent::sequence_head::<$simd, St>(args, seq, h)
                 })
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn channels(args: &Scan, seq: &Sequence, heads: Range<usize>) {
+                unsafe { channels::sequence_block::<$simd>(args, seq, heads) }
             }
 
             #[target_feature(enable = $features)]
@@ -52,7 +62,13 @@ macro_rules! entry_points {
                 unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, heads) }
             }
 
-            pub(super) const KERNELS: Kernels = Kernels { recurrent, intra, inter };
+            pub(super) const KERNELS: Kernels = Kernels {
+                recurrent,
+                channels,
+                channel_block: BLOCK_VECTORS * <$simd>::LANES,
+                intra,
+                inter,
+            };
         }
     };
 }
@@ -79,6 +95,32 @@ unsafe fn run_simple_task(kernels: &Kernels, args: &Scan, simple: &[usize], task
     }
 }
 
+/// A call of one channel per head (`P = 1`, Mamba-1): every sequence, prefill or decode, in
+/// tasks of (sequence, block of channels of one group).
+///
+/// # Safety
+/// As for [`mamba2_scan`].
+unsafe fn run_channels(ctx: &Context, kernels: &Kernels, args: &Scan) -> Result<()> {
+    let group_heads = args.heads / args.groups;
+    let blocks = group_heads.div_ceil(kernels.channel_block);
+    let per_sequence = args.groups * blocks;
+    ctx.for_each(args.sequences.len() * per_sequence, |task| {
+        let seq = &args.sequences[task / per_sequence];
+        let (g, block) = (task % per_sequence / blocks, task % blocks);
+        let start = g * group_heads + block * kernels.channel_block;
+        let heads = start..(start + kernels.channel_block).min((g + 1) * group_heads);
+        // SAFETY: each task owns its sequence's output rows and slots for its channels.
+        unsafe {
+            if seq.padded {
+                heads.for_each(|h| recurrent::zero_rows(args, seq, h));
+            } else {
+                (kernels.channels)(args, seq, heads);
+            }
+        }
+    });
+    Ok(())
+}
+
 /// Most heads a pass-2 task carries through a sequence together: each chunk's pass-1 scratch
 /// (80 KiB at N = 128) is then read once from memory for all of them, and their states
 /// (32 KiB each at P = 64, N = 128) stay in L2.
@@ -91,6 +133,16 @@ pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> R
         &avx512::KERNELS
     } else {
         &avx2::KERNELS
+    };
+    if args.head_dim == 1 {
+        return unsafe { run_channels(ctx, kernels, args) };
+    }
+    // The SSD form factors one decay per head out of its products; per state channel it would
+    // not (no model pairs `A [NH, N]` with `P > 1`): the recurrence serves those.
+    let path = if args.a_per_state {
+        Path::Recurrent
+    } else {
+        path
     };
     let Plan {
         chunks,

@@ -313,7 +313,8 @@ int32_t ssmk_causal_conv1d_fwd(const ssmk_context *ctx,
  * @param conv_states         `[S, L, D]`, the dtype of `x` or float32; read and written. Any strides.
  * @param weight              `[D, W]`, `W` in 2..=8, the dtype of `x` or float32.
  * @param bias                `[D]`, the dtype of `x` or float32, or NULL.
- * @param conv_state_indices  `[B]` int32/int64 slots, distinct unless padded, or NULL (slot `b`).
+ * @param conv_state_indices  `[B]` int32/int64 slots, distinct unless padded, or NULL (slot `b`);
+ *                            vLLM's one-column block table `[B, 1]` is read as `[B]`.
  * @param num_accepted_tokens `[B]` int32/int64 accepted counts, or NULL (plain append).
  * @param activation          SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
  * @param pad_slot_id         slot value that marks a padded sequence.
@@ -321,8 +322,9 @@ int32_t ssmk_causal_conv1d_fwd(const ssmk_context *ctx,
  * @retval SSMK_OK                     done.
  * @retval SSMK_ERR_NULL_POINTER       `x`, `conv_states`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
  * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length (`L < W-1`, or `L < W-2+Q`
- *                                     with `num_accepted_tokens`), activation, duplicate slot, or an
- *                                     accepted count outside `[1, Q]`.
+ *                                     with `num_accepted_tokens`), activation, duplicate slot, an
+ *                                     accepted count outside `[1, Q]`, or `conv_state_indices`
+ *                                     `[B, k]` with `k > 1`.
  * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
  * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` that is not `pad_slot_id`.
  * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.

@@ -945,6 +945,54 @@ fn every_isa_speculative_rolling_buffer() {
     }
 }
 
+/// vLLM's legacy one-column block table `[B, 1]` (ABI.md §4.2) gives bit for bit what the same
+/// slots as `[B]` give, strided or not; `[B, 2]` is refused with nothing written.
+#[test]
+fn update_reads_one_column_block_table() {
+    let ctx = Ctx::new(1);
+    let slots = [4i64, -1, 0, 2];
+    for (dtype, q) in [(DType::BF16, None), (DType::F32, Some(3))] {
+        let mut s = UpdateSpec::new(4, q.unwrap_or(1), 24, 4, dtype);
+        s.q = q;
+        s.slots = Some(slots.to_vec());
+        let mut vector = s.build();
+        vector.run(&ctx, None);
+        for (column_stride, idx_dtype) in [(None, DType::I32), (Some(3), DType::I64)] {
+            let mut table = s.build();
+            let mut idx = match column_stride {
+                // Every third entry of a longer buffer: a [B, 1] column view with a row stride.
+                Some(stride) => {
+                    let spread: Vec<i64> = slots.iter().flat_map(|&v| [v, 77, 77]).collect();
+                    let mut t = Tensor::ints(idx_dtype, &spread);
+                    t.strides = Some(vec![stride, 1]);
+                    t
+                }
+                None => Tensor::ints(idx_dtype, &slots),
+            };
+            idx.shape = vec![slots.len() as i64, 1];
+            table.idx = Some(idx);
+            table.run(&ctx, None);
+            assert!(
+                table.out.storage == vector.out.storage
+                    && table.states.storage == vector.states.storage,
+                "{dtype:?} Q {q:?} [B, 1] strides {column_stride:?}: differs from [B]"
+            );
+        }
+        let mut wide = s.build();
+        let mut idx = Tensor::ints(DType::I32, &[4, 5, -1, 6, 0, 7, 2, 8]);
+        idx.shape = vec![4, 2];
+        wide.idx = Some(idx);
+        let (o, st) = (wide.out.bytes(), wide.states.bytes());
+        let code = wide.call(&ctx, None);
+        assert_error(
+            code,
+            SSMK_ERR_INVALID_ARGUMENT,
+            &["conv_state_indices.shape = [4, 2]", "[B, 1]"],
+        );
+        assert!(wide.out.bytes() == o && wide.states.bytes() == st);
+    }
+}
+
 /// `update` on one token equals `fwd` on a length-1 sequence with state; `[B, Q, D]` equals
 /// `fwd` on Q-token sequences with state.
 #[test]

@@ -84,6 +84,25 @@ fn parse_weights(
     Ok((wm, bm, w))
 }
 
+/// `conv_state_indices` as a `[B]` vector: vLLM may pass its legacy one-column block table
+/// `[B, 1]`, which means the same; a table of more columns has no meaning for a decode.
+fn block_table_column(indices: View) -> Result<View> {
+    if indices.ndim != 2 {
+        return Ok(indices);
+    }
+    ensure!(
+        indices.shape[1] == 1,
+        InvalidArgument,
+        "conv_state_indices.shape = {:?}, expected [B] or a one-column block table [B, 1]",
+        indices.dims()
+    );
+    let mut column = indices;
+    column.ndim = 1;
+    column.shape[1] = 0;
+    column.strides[1] = 0;
+    Ok(column)
+}
+
 /// State pool `[S, L, D]`, `L >= min_rows`: returns `S`.
 fn parse_states(states: &View, act: DType, d: usize, min_rows: usize, why: &str) -> Result<usize> {
     states.expect_ndim(3)?;
@@ -405,7 +424,8 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
 /// @param conv_states         `[S, L, D]`, the dtype of `x` or float32; read and written. Any strides.
 /// @param weight              `[D, W]`, `W` in 2..=8, the dtype of `x` or float32.
 /// @param bias                `[D]`, the dtype of `x` or float32, or NULL.
-/// @param conv_state_indices  `[B]` int32/int64 slots, distinct unless padded, or NULL (slot `b`).
+/// @param conv_state_indices  `[B]` int32/int64 slots, distinct unless padded, or NULL (slot `b`);
+///                            vLLM's one-column block table `[B, 1]` is read as `[B]`.
 /// @param num_accepted_tokens `[B]` int32/int64 accepted counts, or NULL (plain append).
 /// @param activation          SSMK_ACTIVATION_NONE (0) or SSMK_ACTIVATION_SILU (1).
 /// @param pad_slot_id         slot value that marks a padded sequence.
@@ -413,8 +433,9 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
 /// @retval SSMK_OK                     done.
 /// @retval SSMK_ERR_NULL_POINTER       `x`, `conv_states`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
 /// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length (`L < W-1`, or `L < W-2+Q`
-///                                     with `num_accepted_tokens`), activation, duplicate slot, or an
-///                                     accepted count outside `[1, Q]`.
+///                                     with `num_accepted_tokens`), activation, duplicate slot, an
+///                                     accepted count outside `[1, Q]`, or `conv_state_indices`
+///                                     `[B, k]` with `k > 1`.
 /// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
 /// @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` that is not `pad_slot_id`.
 /// @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
@@ -491,6 +512,7 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_update(
         out.expect_disjoint_from(&inputs)?;
         states.expect_disjoint_from(&inputs)?;
         out.expect_disjoint(&states)?;
+        let indices = indices.map(block_table_column).transpose()?;
         let slots = parse_slots(
             "conv_state_indices",
             indices.as_ref(),

@@ -2009,7 +2009,8 @@ fn every_isa_mamba1_large_decays_match_reference() {
 }
 
 /// Channel-major views (tokens contiguous per channel: vLLM's `[d_inner, T]`, one row of Hugging
-/// Face's `[B, d_inner, L]`) for x, dt, z and out, with padded state rows in one case.
+/// Face's `[B, d_inner, L]`) for x, dt, z and out, with padded state rows in one case and a
+/// strided `A` in another.
 #[test]
 fn every_isa_mamba1_channel_major_matches_reference() {
     for (i, (dims, act, state)) in [
@@ -2030,6 +2031,10 @@ fn every_isa_mamba1_channel_major_matches_reference() {
         if i == 1 {
             let st = s.state.as_ref().unwrap();
             s.state = Some(restride(st, &[nh * (n + 3), n + 3, n + 3, 1]));
+        }
+        if i == 2 {
+            // `A` read in place through its strides (rows padded, channels every other float).
+            s.a = restride(&s.a, &[2 * n + 1, 2]);
         }
         run_and_verify(&s, &format!("channel-major {dims:?} {o:?}"));
     }

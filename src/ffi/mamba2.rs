@@ -7,7 +7,7 @@ use super::views::{FLOATS, expect_outputs_disjoint, expect_shape, strided};
 use crate::dtype::DType;
 use crate::ensure;
 use crate::kernels::mamba2::{self, Scan};
-use crate::kernels::strided::read_f32;
+use crate::kernels::strided::{Strided, read_f32};
 use crate::kernels::{Path, StateWrite};
 use crate::runtime::Isa;
 use crate::tensor::{View, ssmk_tensor};
@@ -29,9 +29,13 @@ fn per_head(v: Option<&View>, heads: usize, absent: f32) -> crate::error::Result
         .collect())
 }
 
-/// `A`: `[NH]` (one rate per head, Mamba-2) or `[NH, N]` (one per state channel, Mamba-1), f32,
-/// read row-major, with whether it is per state channel.
-fn decay_rates(a: &View, heads: usize, state_dim: usize) -> crate::error::Result<(Vec<f32>, bool)> {
+/// `A`: `[NH]` (one rate per head, Mamba-2), read into a vector, or `[NH, N]` (one per state
+/// channel, Mamba-1), validated and left in place.
+fn decay_rates(
+    a: &View,
+    heads: usize,
+    state_dim: usize,
+) -> crate::error::Result<(Vec<f32>, Option<Strided>)> {
     if a.ndim != 2 {
         ensure!(
             a.ndim == 1,
@@ -40,7 +44,7 @@ fn decay_rates(a: &View, heads: usize, state_dim: usize) -> crate::error::Result
             a.ndim,
             a.dims()
         );
-        return Ok((per_head(Some(a), heads, 0.0)?, false));
+        return Ok((per_head(Some(a), heads, 0.0)?, None));
     }
     expect_shape(
         a,
@@ -48,12 +52,7 @@ fn decay_rates(a: &View, heads: usize, state_dim: usize) -> crate::error::Result
         &["NH = x.shape[1]", "N = B.shape[2]"],
         &[DType::F32],
     )?;
-    let s = strided(a);
-    // SAFETY: `h < NH`, `n < N` are inside the validated view.
-    let rates = (0..heads * state_dim)
-        .map(|i| unsafe { read_f32(s.at(&[i / state_dim, i % state_dim]), DType::F32) })
-        .collect();
-    Ok((rates, true))
+    Ok((Vec::new(), Some(strided(a))))
 }
 
 /// Runs Mamba-2's selective-state scan over a batch of sequences that may mix prefills (chunked SSD
@@ -231,7 +230,7 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             &["T = x.shape[0]", "G = B.shape[1]", "N = B.shape[2]"],
             &FLOATS,
         )?;
-        let (a, a_per_state) = decay_rates(&a_view, heads, state_dim)?;
+        let (a, a_states) = decay_rates(&a_view, heads, state_dim)?;
         let d_skip = per_head(d.as_ref(), heads, 0.0)?;
         if let Some(z) = &z {
             expect_shape(
@@ -317,7 +316,7 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             out: strided(&out),
             state: state.as_ref().map(strided),
             a,
-            a_per_state,
+            a_states,
             d: d_skip,
             dt_bias: bias,
             dt_softplus: flags & SSMK_MAMBA2_DT_SOFTPLUS != 0,

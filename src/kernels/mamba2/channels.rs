@@ -186,9 +186,11 @@ pub unsafe fn sequence_block<S: Simd>(args: &Scan, seq: &Sequence, heads: Range<
     let (bc, tmp) = rest.split_at_mut(ld * 2 * nd);
     // `a[n * wp + c]`; padding lanes: A = 0 (a decay of 1), x = 0, so their state stays 0 and
     // nothing is stored.
-    if args.a_per_state {
-        let rows = &args.a[c0 * nd..(c0 + w) * nd];
-        unsafe { transpose(rows.as_ptr(), nd, a.as_mut_ptr(), wp, w, nd) };
+    if args.a_per_state() {
+        for c in 0..w {
+            unsafe { args.a_row(c0 + c, &mut tmp[c * nd..(c + 1) * nd]) };
+        }
+        unsafe { transpose(tmp.as_ptr(), nd, a.as_mut_ptr(), wp, w, nd) };
     } else {
         for n in 0..nd {
             a[n * wp..n * wp + w].copy_from_slice(&args.a[c0..c0 + w]);

@@ -32,7 +32,7 @@ mod x86;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernels::gdn::gating::softplus;
-use crate::kernels::strided::{Strided, read_f32};
+use crate::kernels::strided::{Strided, load_row, read_f32};
 use crate::kernels::{Path, Sequence};
 use crate::runtime::{Context, Isa};
 
@@ -62,11 +62,12 @@ pub struct Scan {
     pub z: Option<Strided>,
     pub out: Strided,
     pub state: Option<Strided>,
-    /// `A[h]` (`[NH]`), or `A[h][n]` (`[NH * N]`) when `a_per_state`; `D[h]` (0 when NULL),
-    /// `dt_bias[h]` (0 when NULL).
+    /// `A[h]` (`[NH]`; empty when `A` is per state channel), `D[h]` (0 when NULL), `dt_bias[h]`
+    /// (0 when NULL).
     pub a: Vec<f32>,
-    /// `A` is `[NH, N]`: one decay rate per state channel (Mamba-1), not one per head.
-    pub a_per_state: bool,
+    /// `A` `[NH, N]` f32 (one decay rate per state channel, Mamba-1), read in place: a layer's is
+    /// `8192 x 16`, and a copy per call would cost a single decode a quarter of its time.
+    pub a_states: Option<Strided>,
     pub d: Vec<f32>,
     pub dt_bias: Vec<f32>,
     /// Apply softplus to `dt + dt_bias`.
@@ -102,10 +103,27 @@ impl Scan {
     /// `A` of head `h` and state channel `n`.
     #[inline(always)]
     pub fn a_at(&self, h: usize, n: usize) -> f32 {
-        match self.a_per_state {
-            true => self.a[h * self.state_dim + n],
-            false => self.a[h],
+        match &self.a_states {
+            // SAFETY: `h < NH`, `n < N` are inside the validated `[NH, N]` view.
+            Some(a) => unsafe { read_f32(a.at(&[h, n]), DType::F32) },
+            None => self.a[h],
         }
+    }
+
+    /// Whether `A` is `[NH, N]` (per state channel).
+    #[inline(always)]
+    pub fn a_per_state(&self) -> bool {
+        self.a_states.is_some()
+    }
+
+    /// Row `h` of a per-state-channel `A` (`N` rates) into `dst`.
+    ///
+    /// # Safety
+    /// `h < NH`, `A` is per state channel, `dst.len() == N`.
+    #[inline(always)]
+    pub unsafe fn a_row(&self, h: usize, dst: &mut [f32]) {
+        let a = self.a_states.as_ref().expect("A per head has no rows");
+        unsafe { load_row(a.at(&[h, 0]), DType::F32, a.strides[1], dst) };
     }
 
     /// The state's dtype (f32 when there is none).

@@ -263,7 +263,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
     let g = args.group(h);
     // Per token: the step, the decay (a row of `np` with `A` per state channel), B and C
     // (zero-padded to `np`), x, z and y; one state row.
-    let decay_len = if args.a_per_state { len * np } else { len };
+    let decay_len = if args.a_per_state() { len * np } else { len };
     let z_len = if args.z.is_some() { len * pd } else { 0 };
     let mut buf = TaskBuffer::take(len + decay_len + 2 * len * np + 2 * len * pd + z_len + np);
     let (step, rest) = buf.split_at_mut(len);
@@ -302,10 +302,10 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
         }
     }
     unsafe {
-        if args.a_per_state {
+        if args.a_per_state() {
             // `exp(d A[h][n])` per token; `A` zero-padded, so the padding decays by 1.
             let a_row = &mut row[..np];
-            a_row[..nd].copy_from_slice(&args.a[h * nd..(h + 1) * nd]);
+            args.a_row(h, &mut a_row[..nd]);
             for i in 0..len {
                 for n in (0..np).step_by(l) {
                     let e = S::mul(S::splat(step[i]), S::load_f32(a_row.as_ptr().add(n)));

@@ -139,7 +139,7 @@ pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> R
     }
     // The SSD form factors one decay per head out of its products; per state channel it would
     // not (no model pairs `A [NH, N]` with `P > 1`): the recurrence serves those.
-    let path = if args.a_per_state {
+    let path = if args.a_per_state() {
         Path::Recurrent
     } else {
         path

@@ -702,7 +702,7 @@ class ControlTest(unittest.TestCase):
 
     def test_generate_left_padded(self):
         """Greedy generate of a left-padded batch (attention mask): the same tokens."""
-        for family in ("qwen3_next", "lfm2", "kimi_linear", "bamba"):
+        for family in ("qwen3_next", "lfm2", "kimi_linear", "bamba", "jamba"):
             model = build(family)
             ids = torch.randint(3, 128, (2, 30))
             mask = torch.ones_like(ids)

@@ -658,6 +658,50 @@ class ControlTest(unittest.TestCase):
         self.assertEqual(st.call_counts()[("lfm2", "causal_conv1d_fn", "ssmk")], 1)
         torch.testing.assert_close(eager, want, rtol=0, atol=1e-6)
 
+    def test_mamba1_seams_on_every_layout(self):
+        """The Mamba-1 replacements against transformers' own functions on the views the layers pass
+        (batch 2: u channel-major, dt token-major, z a slice of the [B, 2D, L] projection, B/C
+        transposed [B, L, N] splits), a Zamba-style strided state slice in decode, and the
+        fallback (autograd) with the original's arguments."""
+        import transformers.models.mamba.modeling_mamba as mm
+
+        g = torch.Generator().manual_seed(4)
+        Bsz, Dm, L, N = 2, 12, 9, 4
+        scan_ref, update_ref = mm.mamba_selective_scan, mm.mamba_selective_state_update
+        u = torch.randn(Bsz, Dm, L, generator=g)
+        dt = torch.randn(Bsz, L, Dm, generator=g).transpose(1, 2) - 2
+        z = torch.randn(Bsz, 2 * Dm, L, generator=g)[:, Dm:]
+        bc = torch.randn(Bsz, L, 3 + 2 * N, generator=g)
+        B, C = bc[..., 3:3 + N].transpose(1, 2), bc[..., 3 + N:].transpose(1, 2)
+        A = -torch.exp(torch.rand(Dm, N, generator=g) * 2)
+        D, bias = torch.randn(Dm, generator=g), torch.randn(Dm, generator=g) - 2
+        kw = dict(D=D, z=z, delta_bias=bias, delta_softplus=True, return_last_state=True)
+        pool = torch.randn(Bsz, 3, Dm, N, generator=g)  # Zamba: [B, heads, D, N], one head's slice
+        x1, dt1, z1 = (torch.randn(Bsz, Dm, generator=g) for _ in range(3))
+        B1, C1 = torch.randn(Bsz, N, generator=g), torch.randn(Bsz, N, generator=g)
+        with torch.no_grad():
+            want, want_state = scan_ref(u, dt, A, B, C, **kw)
+            want_pool = pool.clone()
+            want1 = update_ref(want_pool[:, 1], x1, dt1, A, B1, C1, D, dt_bias=bias, dt_softplus=True, z=z1)
+            st.enable(["mamba"])
+            st.reset_call_counts()
+            got, got_state = mm.mamba_selective_scan(u, dt, A, B, C, **kw)
+            got1 = mm.mamba_selective_state_update(pool[:, 1], x1, dt1, A, B1, C1, D, dt_bias=bias,
+                                                   dt_softplus=True, z=z1)
+        self.assertEqual(st.call_counts(), {("mamba", "mamba_selective_scan", "ssmk"): 1,
+                                            ("mamba", "mamba_selective_state_update", "ssmk"): 1})
+        tol = dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, want.float(), **tol)
+        torch.testing.assert_close(got_state, want_state.float(), **tol)
+        torch.testing.assert_close(got1, want1, **tol)
+        torch.testing.assert_close(pool, want_pool, **tol)  # only head 1 changed, in place
+        # Autograd: transformers' function runs, with the arguments it was given.
+        st.reset_call_counts()
+        out = mm.mamba_selective_scan(u.clone().requires_grad_(), dt, A, B, C, **kw)[0]
+        self.assertTrue(out.requires_grad)
+        self.assertEqual(st.call_counts(), {("mamba", "mamba_selective_scan", "fallback"): 1})
+        torch.testing.assert_close(out.detach(), want, rtol=0, atol=0)
+
     def test_packed_sequences_are_kept_apart(self):
         """Batch 1 with cu_seqlens / seq_idx (packed sequences): each sequence as if alone
         (transformers' torch references refuse these arguments; fla and mamba_ssm honour them)."""

@@ -51,8 +51,8 @@ tracing, a dtype other than f32/bf16/f16, or a layout ssmk does not cover (a con
 the kernel, as in ``record_past`` mode; a non-broadcast decode ``dt``/``A``; packed sequences with
 more than one row). Packed sequences (batch 1 with ``cu_seqlens`` / ``cu_seq_lens_q`` /
 ``seq_idx``) are kept apart, as fla / mamba_ssm do. One deliberate difference: ``mamba2_chunk_scan``
-returns the input's dtype, as mamba_ssm's kernel does, where the torch reference returns f32 (the
-gated norm that follows computes in f32 either way).
+and ``mamba_selective_scan`` return the input's dtype, as mamba_ssm's kernels do, where the torch
+references return f32 (what follows casts or computes in f32 either way).
 
 The cache tensors transformers passes are used in place, no copy: a conv state ``[B, D, W]``
 (channels first, newest input last) is handed to ssmk as the strided view

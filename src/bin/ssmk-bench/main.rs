@@ -12,6 +12,7 @@ mod harness;
 mod layers;
 mod mamba2;
 mod memory;
+mod scan_families;
 mod short_conv;
 
 use harness::{Config, Report};
@@ -21,7 +22,7 @@ type Suite = fn(&Config, &mut Report);
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2]"
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2|scan_families]"
     );
     std::process::exit(2)
 }
@@ -70,12 +71,13 @@ fn main() {
         format!("{:.1}", report.fma_peak_gflops),
     );
     harness::print_header();
-    let suites: [(&str, Suite); 5] = [
+    let suites: [(&str, Suite); 6] = [
         ("memory", memory::run),
         ("conv", conv::run),
         ("short_conv", short_conv::run),
         ("gdn", gdn::run),
         ("mamba2", mamba2::run),
+        ("scan_families", scan_families::run),
     ];
     for (name, run) in suites {
         if only.as_deref().is_none_or(|o| o == name) {

@@ -36,7 +36,7 @@ fn channel_major(v: &Strided, tokens: usize) -> bool {
 }
 
 /// Tokens `t0 .. t0 + tt` of channels `c0 .. c0 + w` of `v` (indexed `[token, channel, ..]`) into
-/// `dst[i * wp + c]` as f32; `tmp` holds `w` rows of [`TILE`].
+/// `dst[i * wp + c]` as f32; `tmp` holds `w` rows of `ld >= tt`.
 ///
 /// # Safety
 /// The CPU supports `S`; the tokens and channels are inside `v`; `dst` holds `tt` rows of `wp`.
@@ -46,6 +46,7 @@ unsafe fn stage_in<S: Simd>(
     v: &Strided,
     t0: usize,
     tt: usize,
+    ld: usize,
     c0: usize,
     w: usize,
     wp: usize,
@@ -55,10 +56,10 @@ unsafe fn stage_in<S: Simd>(
     unsafe {
         if channel_major(v, tt) {
             for c in 0..w {
-                let row = &mut tmp[c * TILE..c * TILE + tt];
+                let row = &mut tmp[c * ld..c * ld + tt];
                 load_row_simd::<S>(v.at(&[t0, c0 + c]), v.dtype, 1, row);
             }
-            transpose(tmp.as_ptr(), TILE, dst.as_mut_ptr(), wp, w, tt);
+            transpose(tmp.as_ptr(), ld, dst.as_mut_ptr(), wp, w, tt);
         } else {
             for i in 0..tt {
                 let row = &mut dst[i * wp..i * wp + w];
@@ -79,6 +80,7 @@ unsafe fn stage_out<S: Simd>(
     v: &Strided,
     t0: usize,
     tt: usize,
+    ld: usize,
     c0: usize,
     w: usize,
     wp: usize,
@@ -87,9 +89,9 @@ unsafe fn stage_out<S: Simd>(
 ) {
     unsafe {
         if channel_major(v, tt) {
-            transpose(src.as_ptr(), wp, tmp.as_mut_ptr(), TILE, tt, w);
+            transpose(src.as_ptr(), wp, tmp.as_mut_ptr(), ld, tt, w);
             for c in 0..w {
-                let row = &tmp[c * TILE..c * TILE + tt];
+                let row = &tmp[c * ld..c * ld + tt];
                 store_row_simd::<S>(v.at(&[t0, c0 + c]), v.dtype, 1, row);
             }
         } else {
@@ -167,11 +169,12 @@ pub unsafe fn sequence_block<S: Simd>(args: &Scan, seq: &Sequence, heads: Range<
     let (c0, w) = (heads.start, heads.len());
     let wp = w.next_multiple_of(l);
     let g = args.group(c0);
-    let tile = TILE * wp;
+    // Buffers for the tokens of one tile (a decode needs one row, not `TILE`).
+    let ld = TILE.min(seq.len).max(1);
+    let tile = ld * wp;
     let z_len = if args.z.is_some() { tile } else { 0 };
-    let tmp_len = wp * TILE.max(nd);
-    let mut buf =
-        TaskBuffer::take(2 * nd * wp + 2 * wp + 3 * tile + z_len + TILE * 2 * nd + tmp_len);
+    let tmp_len = wp * ld.max(nd);
+    let mut buf = TaskBuffer::take(2 * nd * wp + 2 * wp + 3 * tile + z_len + ld * 2 * nd + tmp_len);
     let (a, rest) = buf.split_at_mut(nd * wp);
     let (h, rest) = rest.split_at_mut(nd * wp);
     let (skip, rest) = rest.split_at_mut(wp);
@@ -180,26 +183,30 @@ pub unsafe fn sequence_block<S: Simd>(args: &Scan, seq: &Sequence, heads: Range<
     let (step, rest) = rest.split_at_mut(tile);
     let (y, rest) = rest.split_at_mut(tile);
     let (z, rest) = rest.split_at_mut(z_len);
-    let (bc, tmp) = rest.split_at_mut(TILE * 2 * nd);
-    // Padding lanes: A = 0 (a decay of 1), x = 0, so their state stays 0 and nothing is stored.
-    for c in 0..w {
+    let (bc, tmp) = rest.split_at_mut(ld * 2 * nd);
+    // `a[n * wp + c]`; padding lanes: A = 0 (a decay of 1), x = 0, so their state stays 0 and
+    // nothing is stored.
+    if args.a_per_state {
+        let rows = &args.a[c0 * nd..(c0 + w) * nd];
+        unsafe { transpose(rows.as_ptr(), nd, a.as_mut_ptr(), wp, w, nd) };
+    } else {
         for n in 0..nd {
-            a[n * wp + c] = args.a_at(c0 + c, n);
+            a[n * wp..n * wp + w].copy_from_slice(&args.a[c0..c0 + w]);
         }
-        skip[c] = args.d[c0 + c];
-        bias[c] = args.dt_bias[c0 + c];
     }
+    skip[..w].copy_from_slice(&args.d[heads.clone()]);
+    bias[..w].copy_from_slice(&args.dt_bias[heads]);
     unsafe {
         if let Some(slot) = seq.read {
             load_states::<S>(args, slot, c0, w, wp, h, tmp);
         }
         let (lo, hi) = (S::splat(args.dt_min), S::splat(args.dt_max));
-        for t0 in (0..seq.len).step_by(TILE) {
-            let (tt, first) = (TILE.min(seq.len - t0), seq.start + t0);
-            stage_in::<S>(&args.x, first, tt, c0, w, wp, x, tmp);
-            stage_in::<S>(&args.dt, first, tt, c0, w, wp, step, tmp);
+        for t0 in (0..seq.len).step_by(ld) {
+            let (tt, first) = (ld.min(seq.len - t0), seq.start + t0);
+            stage_in::<S>(&args.x, first, tt, ld, c0, w, wp, x, tmp);
+            stage_in::<S>(&args.dt, first, tt, ld, c0, w, wp, step, tmp);
             if let Some(zt) = &args.z {
-                stage_in::<S>(zt, first, tt, c0, w, wp, z, tmp);
+                stage_in::<S>(zt, first, tt, ld, c0, w, wp, z, tmp);
             }
             for i in 0..tt {
                 let (b_row, c_row) = bc[i * 2 * nd..(i + 1) * 2 * nd].split_at_mut(nd);
@@ -250,7 +257,7 @@ pub unsafe fn sequence_block<S: Simd>(args: &Scan, seq: &Sequence, heads: Range<
                     store_states::<S>(args, slot, c0, w, wp, h, tmp);
                 }
             }
-            stage_out::<S>(&args.out, first, tt, c0, w, wp, y, tmp);
+            stage_out::<S>(&args.out, first, tt, ld, c0, w, wp, y, tmp);
         }
         if let StateWrite::Final(slot) = seq.write {
             store_states::<S>(args, slot, c0, w, wp, h, tmp);

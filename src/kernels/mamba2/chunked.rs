@@ -16,8 +16,8 @@ use super::{CHUNK, Scan};
 use crate::kernels::chunking::{Chunk, TaskBuffer};
 use crate::kernels::gdn::gating::softplus_v;
 use crate::kernels::gemm::{MatA, Start, gemm};
-use crate::kernels::simd::{Simd, exp_into, load_row_simd, store_row_simd};
-use crate::kernels::strided::{load_row, prefetch_l2, read_f32, write_f32};
+use crate::kernels::simd::{Simd, exp_into, load_row_simd, store_row_simd, transpose};
+use crate::kernels::strided::{load_row, prefetch_l2, read_f32};
 use crate::kernels::{Sequence, StateWrite};
 use std::ops::Range;
 
@@ -149,7 +149,9 @@ pub unsafe fn inter<S: Simd>(
         };
         if let Some(slot) = seq.read {
             for (k, h) in heads.clone().enumerate() {
-                unsafe { load_transposed(args, slot, h, &mut states[k * size..(k + 1) * size]) };
+                unsafe {
+                    load_transposed::<S>(args, slot, h, &mut states[k * size..(k + 1) * size])
+                };
             }
         }
         for (ci, chunk) in chunks.iter().enumerate() {
@@ -180,7 +182,7 @@ pub unsafe fn inter<S: Simd>(
         }
         if let StateWrite::Final(slot) = seq.write {
             for (k, h) in heads.enumerate() {
-                unsafe { store_transposed(args, slot, h, &states[k * size..(k + 1) * size]) };
+                unsafe { store_transposed::<S>(args, slot, h, &states[k * size..(k + 1) * size]) };
             }
         }
     }
@@ -426,30 +428,62 @@ unsafe fn steps<S: Simd>(args: &Scan, chunk: Chunk, h: usize, step: &mut [f32; L
     step[chunk.len..].iter_mut().for_each(|d| *d = 0.0);
 }
 
-/// Reads `[P][N]` of a state slot into `hT [N][P]`.
-unsafe fn load_transposed(args: &Scan, slot: usize, h: usize, state_t: &mut [f32]) {
+/// Reads `[P][N]` of a state slot into `hT [N][P]`: straight rows from a pool stored `[N][P]`
+/// (lightning attention's `[S, H, dk, dv]`, viewed with `P` contiguous), else each `[P]`-row into
+/// `f32` and one transpose (element by element through `at`, a head's state cost a tenth of a
+/// short lightning prefill).
+///
+/// # Safety
+/// As for [`inter`]; `slot < S`, `h < NH`.
+#[inline(always)]
+unsafe fn load_transposed<S: Simd>(args: &Scan, slot: usize, h: usize, state_t: &mut [f32]) {
     let st = args
         .state
         .as_ref()
         .expect("a state slot without a state tensor");
     let (pd, nd) = (args.head_dim, args.state_dim);
-    for p in 0..pd {
-        for n in 0..nd {
-            state_t[n * pd + p] = unsafe { read_f32(st.at(&[slot, h, p, n]), st.dtype) };
+    unsafe {
+        if st.strides[2] == 1 && pd > 1 {
+            for n in 0..nd {
+                let row = &mut state_t[n * pd..(n + 1) * pd];
+                load_row_simd::<S>(st.at(&[slot, h, 0, n]), st.dtype, 1, row);
+            }
+            return;
         }
+        let mut rows = vec![0f32; pd * nd];
+        for p in 0..pd {
+            let row = &mut rows[p * nd..(p + 1) * nd];
+            load_row_simd::<S>(st.at(&[slot, h, p, 0]), st.dtype, st.strides[3], row);
+        }
+        transpose(rows.as_ptr(), nd, state_t.as_mut_ptr(), pd, pd, nd);
     }
 }
 
-/// Writes `hT [N][P]` to `[P][N]` of a state slot, rounded to its dtype.
-unsafe fn store_transposed(args: &Scan, slot: usize, h: usize, state_t: &[f32]) {
+/// Writes `hT [N][P]` to `[P][N]` of a state slot, rounded to its dtype (the inverse of
+/// [`load_transposed`]).
+///
+/// # Safety
+/// As for [`load_transposed`].
+#[inline(always)]
+unsafe fn store_transposed<S: Simd>(args: &Scan, slot: usize, h: usize, state_t: &[f32]) {
     let st = args
         .state
         .as_ref()
         .expect("a state slot without a state tensor");
     let (pd, nd) = (args.head_dim, args.state_dim);
-    for p in 0..pd {
-        for n in 0..nd {
-            unsafe { write_f32(st.at(&[slot, h, p, n]), st.dtype, state_t[n * pd + p]) };
+    unsafe {
+        if st.strides[2] == 1 && pd > 1 {
+            for n in 0..nd {
+                let row = &state_t[n * pd..(n + 1) * pd];
+                store_row_simd::<S>(st.at(&[slot, h, 0, n]), st.dtype, 1, row);
+            }
+            return;
+        }
+        let mut rows = vec![0f32; pd * nd];
+        transpose(state_t.as_ptr(), pd, rows.as_mut_ptr(), nd, nd, pd);
+        for p in 0..pd {
+            let row = &rows[p * nd..(p + 1) * nd];
+            store_row_simd::<S>(st.at(&[slot, h, p, 0]), st.dtype, st.strides[3], row);
         }
     }
 }

@@ -303,7 +303,8 @@ class GatedDeltaNet(unittest.TestCase):
 
 
 def mamba2_reference(x, dt, A, B, C, D, z, dt_bias, dt_min, dt_max, softplus, h, T, NH, P, G, N):
-    """Per-token Mamba-2 recurrence in float64 from state ``h`` ([NH][P][N] lists, updated)."""
+    """Per-token Mamba-2 recurrence in float64 from state ``h`` ([NH][P][N] lists, updated); ``A``
+    holds NH rates, or NH * N (``[NH, N]``, one per state channel: Mamba-1)."""
     out = []
     for t in range(T):
         for hd in range(NH):
@@ -312,14 +313,15 @@ def mamba2_reference(x, dt, A, B, C, D, z, dt_bias, dt_min, dt_max, softplus, h,
             if softplus:
                 d = d if d > 20 else math.log1p(math.exp(d))
             d = min(max(d, dt_min), dt_max)
-            a = math.exp(d * A[hd])
+            rates = A[hd * N:(hd + 1) * N] if len(A) == NH * N else [A[hd]] * N  # [NH, N]: Mamba-1
+            a = [math.exp(d * r) for r in rates]
             b = B[(t * G + g) * N:(t * G + g + 1) * N]
             c = C[(t * G + g) * N:(t * G + g + 1) * N]
             for p in range(P):
                 xv = x[(t * NH + hd) * P + p]
                 row = h[hd][p]
                 for n in range(N):
-                    row[n] = a * row[n] + d * xv * b[n]
+                    row[n] = a[n] * row[n] + d * xv * b[n]
                 y = sum(row[n] * c[n] for n in range(N)) + D[hd] * xv
                 zv = z[(t * NH + hd) * P + p]
                 out.append(y * silu(zv))
@@ -407,6 +409,40 @@ class Mamba2(unittest.TestCase):
                 self.assertTrue(cm.exception.message)
                 self.assertEqual(list(state), [0.25] * (S * NH * P * N))
                 self.assertEqual(list(out), [7.0] * (2 * NH * P))
+
+    def test_per_channel_A_is_mamba1(self):
+        """``A [NH, N]``: a Mamba-1 layer of NH channels (P = 1, one group) whose x, dt and z are
+        channel-major (``[NH, T]`` memory, tokens contiguous), from a zero state."""
+        NH, N, T = 6, 4, 21
+        f = lambda n, k, a: array.array("f", [a * math.sin(k * i + 0.3) for i in range(n)])
+        x, dt, z = f(NH * T, 0.37, 1.0), f(NH * T, 0.53, 2.0), f(NH * T, 0.43, 3.0)
+        B, C = f(T * N, 0.71, 1.0), f(T * N, 0.29, 1.0)
+        A = array.array("f", [-(n + 1) * (1 + 0.1 * c) for c in range(NH) for n in range(N)])
+        D = array.array("f", [0.5 * c - 1 for c in range(NH)])
+        dt_bias = array.array("f", [-3.0 + 0.2 * c for c in range(NH)])
+        state = array.array("f", [9.0] * (NH * N))
+        out = array.array("f", [7.0] * (NH * T))  # channel-major too
+        cm = dict(shape=(T, NH, 1), strides=(1, T, 1))
+        ssmk.mamba2_scan(ssmk.tensor(x, **cm), ssmk.tensor(dt, shape=(T, NH), strides=(1, T)),
+                         ssmk.tensor(A, shape=(NH, N)), ssmk.tensor(B, shape=(T, 1, N)),
+                         ssmk.tensor(C, shape=(T, 1, N)), ssmk.tensor(out, **cm), D=D, z=ssmk.tensor(z, **cm),
+                         dt_bias=dt_bias, flags=ssmk.MAMBA2_DT_SOFTPLUS, state=ssmk.tensor(state, shape=(1, NH, 1, N)))
+        tm = lambda v: array.array("f", [v[c * T + t] for t in range(T) for c in range(NH)])  # noqa: E731
+        h = [[[0.0] * N] for _ in range(NH)]
+        want = mamba2_reference(tm(x), tm(dt), A, B, C, D, tm(z), dt_bias, -math.inf, math.inf, True, h,
+                                T, NH, 1, 1, N)
+        for t in range(T):
+            for c in range(NH):
+                w = want[t * NH + c]
+                self.assertAlmostEqual(out[c * T + t], w, delta=2e-5 * (1 + abs(w)), msg=f"out[{t}, {c}]")
+        for i, w in enumerate(e for hd in h for row in hd for e in row):
+            self.assertAlmostEqual(state[i], w, delta=2e-5 * (1 + abs(w)), msg=f"state[{i}]")
+        with self.assertRaises(ssmk.SsmkError) as cm_err:  # A [NH, N'] with N' != N
+            ssmk.mamba2_scan(ssmk.tensor(x, **cm), ssmk.tensor(dt, shape=(T, NH), strides=(1, T)),
+                             ssmk.tensor(A, shape=(NH * 2, N // 2)), ssmk.tensor(B, shape=(T, 1, N)),
+                             ssmk.tensor(C, shape=(T, 1, N)), ssmk.tensor(out, **cm))
+        self.assertEqual(cm_err.exception.status, ssmk.ERR_INVALID_ARGUMENT)
+        self.assertIn("A", cm_err.exception.message)
 
 
 if __name__ == "__main__":

@@ -384,6 +384,9 @@ def mamba2_scan(x, dt, A, B, C, out, D=None, z=None, dt_bias=None, dt_min=float(
                 checkpoint_offsets=None, checkpoint_slots=None):
     """Mamba-2 selective-state scan (prefill, decode, speculative, mixed); ``out`` has x's dtype.
 
+    ``A`` is ``[NH]`` f32 (per head) or ``[NH, N]`` f32 (per state channel: Mamba-1, with ``P = 1``
+    and ``G = 1``; ABI.md 4.9).
+
     ``dt_min``/``dt_max`` default to no limit; ``flags=MAMBA2_DT_SOFTPLUS`` applies softplus to
     ``dt + dt_bias``.
     """

@@ -520,8 +520,12 @@ def mamba2_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optio
                 checkpoint_slots: Optional[Tensor] = None) -> Tensor:
     """Mamba-2 selective-state scan; ``state [S,NH,P,N]`` in place. Returns ``out`` (x's shape/dtype).
 
-    ``dt_softplus`` (the C flag ``SSMK_MAMBA2_DT_SOFTPLUS``, in its place) applies softplus to
-    ``dt + dt_bias``; ``dt_min``/``dt_max`` default to no limit.
+    ``A`` is ``[NH]`` f32 (one decay rate per head, Mamba-2) or ``[NH, N]`` f32 (one per state
+    channel, Mamba-1: a layer of ``d_inner`` channels is ``x, z, out [T, d_inner, 1]``, ``dt
+    [T, d_inner]``, ``B, C [T, 1, N]``, ``state [S, d_inner, 1, N]``, ``A = -exp(A_log)``; x, dt,
+    z and out may be channel-major views such as ``xz[:d_inner].t().unsqueeze(-1)`` of a
+    ``[2 d_inner, T]`` projection). ``dt_softplus`` (the C flag ``SSMK_MAMBA2_DT_SOFTPLUS``, in
+    its place) applies softplus to ``dt + dt_bias``; ``dt_min``/``dt_max`` default to no limit.
     """
     if out is None:
         out = _empty(x.shape, x.dtype, x)

@@ -28,7 +28,18 @@ model instances that already exist pick the change up at their next call:
 * ``lfm2``, ``lfm2_moe`` (ShortConv): the conv pair only (``B*x`` and ``C*y`` are inline torch in
   the layer, so ``ssmk_short_conv`` has no seam);
 * ``mamba2``, ``nemotron_h``, ``bamba``, ``granitemoehybrid`` (Granite 4), ``falcon_h1``, ``zamba2``
-  (Mamba-2): ``mamba2_chunk_scan``, ``mamba2_selective_state_update`` -> ``ssmk_mamba2_scan``.
+  (Mamba-2): ``mamba2_chunk_scan``, ``mamba2_selective_state_update`` -> ``ssmk_mamba2_scan``;
+* ``mamba``, ``falcon_mamba``, ``jamba``, ``zamba`` (Mamba-1): ``mamba_selective_scan``,
+  ``mamba_selective_state_update`` (mamba_ssm's ``selective_scan_fn`` / ``selective_state_update``
+  seams) -> ``ssmk_mamba2_scan`` with ``A [d_inner, N]``: the layer's ``d_inner`` channels are
+  ``d_inner`` heads of ``P = 1`` sharing one group of ``B``/``C`` (ABI.md 4.9). The layers hold
+  ``x``, ``dt``, ``z`` channel-major (``[B, d_inner, L]`` views, tokens contiguous or not): each
+  batch row goes to ssmk as its own strided view, no copy. Like the torch reference and
+  mamba_ssm's kernel, ``mamba_selective_scan`` starts every sequence from a zero state (it is
+  given no initial state): in transformers 5.24 a Mamba-1 layer continuing a cached prefill with
+  more than one token drops its recurrent state, with or without ssmk (single-token decode
+  steps carry it). MiniMax's lightning attention is computed inline in its attention module (no
+  module-level kernel function), so it has no seam to route.
 
 Each replacement has the signature and the semantics of the torch reference it replaces (inputs,
 outputs, dtypes, in-place updates; arithmetic in f32), accepts and ignores keyword arguments it
@@ -40,14 +51,15 @@ tracing, a dtype other than f32/bf16/f16, or a layout ssmk does not cover (a con
 the kernel, as in ``record_past`` mode; a non-broadcast decode ``dt``/``A``; packed sequences with
 more than one row). Packed sequences (batch 1 with ``cu_seqlens`` / ``cu_seq_lens_q`` /
 ``seq_idx``) are kept apart, as fla / mamba_ssm do. One deliberate difference: ``mamba2_chunk_scan``
-returns the input's dtype, as mamba_ssm's kernel does, where the torch reference returns f32 (the
-gated norm that follows computes in f32 either way).
+and ``mamba_selective_scan`` return the input's dtype, as mamba_ssm's kernels do, where the torch
+references return f32 (what follows casts or computes in f32 either way).
 
 The cache tensors transformers passes are used in place, no copy: a conv state ``[B, D, W]``
 (channels first, newest input last) is handed to ssmk as the strided view
 ``state.transpose(1, 2)[:, 1:, :]`` = ssmk's ``[S=B, W-1, D]`` rows (column 0, which no conv reads,
 is kept as transformers would leave it); recurrent states ``[B, HV, K, V]`` / ``[B, NH, P, N]`` f32
-are ssmk's ``[S, ...]`` order. When a final state is requested with an ``initial_state`` given (the
+are ssmk's ``[S, ...]`` order, Mamba-1's ``[B, D, N]`` (Zamba: a head's strided slice of
+``[B, heads, D, N]``) is ssmk's ``[S, D, 1, N]``. When a final state is requested with an ``initial_state`` given (the
 cache's tensor: the layers then copy the result back onto it), the final state is written into that
 tensor and returned.
 
@@ -87,6 +99,7 @@ _CONV = ("causal_conv1d_fn", "causal_conv1d_update")
 _GDN = _CONV + ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 _KDA = _CONV + ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
 _MAMBA2 = _CONV + ("mamba2_chunk_scan", "mamba2_selective_state_update")
+_MAMBA1 = _CONV + ("mamba_selective_scan", "mamba_selective_state_update")
 
 #: family (the ``transformers.models`` sub-package) -> the module functions replaced.
 FAMILIES = {
@@ -103,6 +116,10 @@ FAMILIES = {
     "granitemoehybrid": _MAMBA2,
     "falcon_h1": _MAMBA2,
     "zamba2": _MAMBA2,
+    "mamba": _MAMBA1,
+    "falcon_mamba": _MAMBA1,
+    "jamba": _MAMBA1,
+    "zamba": _MAMBA1,
 }
 
 # Parameter names of the torch references in 5.24 (what the replacements implement).
@@ -121,6 +138,10 @@ _PARAMS = {
                           "dt_softplus", "dt_limit", "return_final_states", "kwargs"),
     "mamba2_selective_state_update": ("state", "hidden_states", "dt", "A", "B", "C", "D", "dt_bias",
                                       "dt_softplus", "z", "kwargs"),
+    "mamba_selective_scan": ("hidden_states", "dt", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus",
+                             "return_last_state", "use_mambapy", "use_associative_scan", "kwargs"),
+    "mamba_selective_state_update": ("state", "hidden_states", "dt", "A", "B", "C", "D", "dt_bias",
+                                     "dt_softplus", "z", "kwargs"),
 }
 
 _lock = threading.RLock()
@@ -519,51 +540,165 @@ def _broadcast_over(t, dims):
     return all(t.stride(-1 - i) == 0 for i in range(dims))
 
 
-def _make_state_update(family, original):
-    def mamba2_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
-                                      z=None, **kwargs):
-        """ssmk ``mamba2_scan`` (decode form): one token per row, ``state [B, NH, P, N]`` updated in place."""
+_UNLIMITED = (float("-inf"), float("inf"))
+
+
+def _heads_update(state, x, dt, A, B, C, D, dt_bias, z):
+    """Mamba-2's decode form (``state [B, NH, P, N]``, per-head dt/A/D/dt_bias broadcast over P and
+    N): ``(scan arguments x..z and state, out [B, NH, P])``, or ``None``."""
+    if not (
+        x.dim() == 3
+        and state.dim() == 4
+        and dt.shape == x.shape
+        and A.dim() == 3
+        and B.dim() == 3
+        and C.shape == B.shape
+        and state.shape[:3] == x.shape
+        and A.shape == state.shape[1:]
+        and B.shape[0] == x.shape[0]
+        and B.shape[2] == state.shape[3]
+        and x.shape[1] % B.shape[1] == 0
+        and (z is None or z.shape == x.shape)
+        and (D is None or D.shape == x.shape[1:])
+        and (dt_bias is None or dt_bias.shape == x.shape[1:])
+        # transformers passes per-head dt/A/D/dt_bias expanded over P (and N); anything else
+        # (a real per-channel value) is not the Mamba-2 scan ssmk implements.
+        and _broadcast_over(dt, 1)
+        and _broadcast_over(A, 2)
+        and (D is None or _broadcast_over(D, 1))
+        and (dt_bias is None or _broadcast_over(dt_bias, 1))
+    ):
+        return None
+    out = torch.empty(x.shape, dtype=x.dtype)
+    return (_desc(x), _desc(dt[..., 0]), _desc(A[:, 0, 0].float()), _desc(B), _desc(C),
+            _desc(None if D is None else D[:, 0].float()), _desc(z),
+            _desc(None if dt_bias is None else dt_bias[:, 0].float()), _desc(state)), out
+
+
+def _channels_update(state, x, dt, A, B, C, D, dt_bias, z):
+    """Mamba-1's decode form (mamba_ssm's single-head ``selective_state_update``: ``state [B, D, N]``,
+    ``x``/``dt``/``z`` ``[B, D]``, ``A [D, N]``, ``B``/``C`` ``[B, N]``) as ssmk's ``D`` heads of
+    ``P = 1``: ``(scan arguments, out [B, D])``, or ``None``."""
+    if not (
+        x.dim() == 2
+        and state.dim() == 3
+        and state.shape[:2] == x.shape
+        and dt.shape == x.shape
+        and A.shape == state.shape[1:]
+        and B.shape == (x.shape[0], state.shape[2])
+        and C.shape == B.shape
+        and (z is None or z.shape == x.shape)
+        and (D is None or D.shape == x.shape[1:])
+        and (dt_bias is None or dt_bias.shape == x.shape[1:])
+    ):
+        return None
+    Bsz, Dm, N = state.shape
+    out = torch.empty(Bsz, Dm, dtype=x.dtype)
+    s0, s1, s2 = state.stride()
+    return (_unit_p(x), _desc(dt), _desc(A.float()), _one_group(B), _one_group(C), _desc(_f32(D)),
+            None if z is None else _unit_p(z), _desc(_f32(dt_bias)),
+            _view(state, (Bsz, Dm, 1, N), (s0, s1, s1, s2))), out
+
+
+def _unit_p(t, row=None):
+    """``t [B, D]`` as ssmk's ``[T = B, NH = D, P = 1]``; with ``row``, ``t [B, D, L]``'s row as
+    ``[T = L, NH = D, P = 1]`` (channel-major or not: the strides say)."""
+    if row is None:
+        t0, t1 = t.stride()
+        return _view(t, (t.shape[0], t.shape[1], 1), (t0, t1, 1))
+    t0, t1, t2 = t.stride()
+    return _view(t, (t.shape[2], t.shape[1], 1), (t2, t1, 1), row * t0)
+
+
+def _one_group(t, row=None):
+    """``t [B, N]`` as ssmk's ``[T = B, G = 1, N]``; with ``row``, ``t [B, N, L]``'s row as
+    ``[T = L, G = 1, N]``."""
+    if row is None:
+        t0, t1 = t.stride()
+        return _view(t, (t.shape[0], 1, t.shape[1]), (t0, t1, t1))
+    t0, t1, t2 = t.stride()
+    return _view(t, (t.shape[2], 1, t.shape[1]), (t2, t1, t1), row * t0)
+
+
+def _make_state_update(family, name, original):
+    def selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None,
+                               **kwargs):
         x = hidden_states
         if (
             _usable(state, x, dt, A, B, C, D, dt_bias, z)
             and kwargs.get("state_batch_indices") is None
-            and x.dim() == 3
-            and state.dim() == 4
-            and dt.shape == x.shape
-            and A.dim() == 3
-            and B.dim() == 3
-            and C.shape == B.shape
             and all(t is None or t.dtype in _FLOATS for t in (state, x, dt, A, B, C, D, dt_bias, z))
-            and state.shape[:3] == x.shape
-            and A.shape == state.shape[1:]
-            and B.shape[0] == x.shape[0]
-            and B.shape[2] == state.shape[3]
-            and x.shape[1] % B.shape[1] == 0
-            and (z is None or z.shape == x.shape)
-            and (D is None or D.shape == x.shape[1:])
-            and (dt_bias is None or dt_bias.shape == x.shape[1:])
-            # transformers passes per-head dt/A/D/dt_bias expanded over P (and N); anything else
-            # (a real per-channel value) is not the Mamba-2 scan ssmk implements.
-            and _broadcast_over(dt, 1)
-            and _broadcast_over(A, 2)
-            and (D is None or _broadcast_over(D, 1))
-            and (dt_bias is None or _broadcast_over(dt_bias, 1))
         ):
-            _count(family, "mamba2_selective_state_update", "ssmk")
-            Bsz, NH, P = x.shape
-            out = torch.empty(Bsz, NH, P, dtype=x.dtype)
-            _run("ssmk_mamba2_scan", ssmk.lib.ssmk_mamba2_scan(
-                _ctx(), _desc(x), _desc(dt[..., 0]), _desc(A[:, 0, 0].float()), _desc(B), _desc(C),
-                _desc(None if D is None else D[:, 0].float()), _desc(z),
-                _desc(None if dt_bias is None else dt_bias[:, 0].float()), float("-inf"), float("inf"),
-                ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, _desc(state), _desc(_cu(Bsz, 1)), None,
-                _desc(_ones(Bsz)), None, -1, _desc(out), None, None))
-            return out
-        _count(family, "mamba2_selective_state_update", "fallback")
+            call = (_heads_update if state.dim() == 4 else _channels_update)(state, x, dt, A, B, C, D, dt_bias, z)
+            if call is not None:
+                _count(family, name, "ssmk")
+                (x, dt, A, B, C, D, z, dt_bias, state), out = call
+                Bsz = out.shape[0]
+                _run("ssmk_mamba2_scan", ssmk.lib.ssmk_mamba2_scan(
+                    _ctx(), x, dt, A, B, C, D, z, dt_bias, *_UNLIMITED,
+                    ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, state, _desc(_cu(Bsz, 1)), None,
+                    _desc(_ones(Bsz)), None, -1, _unit_p(out) if out.dim() == 2 else _desc(out), None, None))
+                return out
+        _count(family, name, "fallback")
         return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
                         **kwargs)
 
-    return mamba2_selective_state_update
+    selective_state_update.__name__ = selective_state_update.__qualname__ = name
+    selective_state_update.__doc__ = (
+        "ssmk ``mamba2_scan`` (decode form): one token per row, the state updated in place; "
+        "``state [B, NH, P, N]`` with per-head A (Mamba-2) or ``state [B, D, N]`` with ``A [D, N]`` (Mamba-1).")
+    return selective_state_update
+
+
+def _make_selective_scan(family, original):
+    def mamba_selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                             return_last_state=False, use_mambapy=False, use_associative_scan=False, **kwargs):
+        """ssmk ``mamba2_scan`` with ``A [D, N]`` (Mamba-1 prefill from a zero state): ``u``, ``dt``,
+        ``z`` ``[B, D, L]``, ``B``/``C`` ``[B, N, L]``; returns ``out [B, D, L]`` (u's dtype, as
+        mamba_ssm's kernel) and with ``return_last_state`` the final state ``[B, D, N]`` f32.
+        ``use_mambapy`` / ``use_associative_scan`` choose among torch algorithms for the same
+        recurrence; ssmk replaces them all (tracing, where the associative scan applies, falls back)."""
+        r = _selective_scan(hidden_states, dt, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+        if r is not None:
+            _count(family, "mamba_selective_scan", "ssmk")
+            return r
+        _count(family, "mamba_selective_scan", "fallback")
+        return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
+                        return_last_state=return_last_state, use_mambapy=use_mambapy,
+                        use_associative_scan=use_associative_scan, **kwargs)
+
+    return mamba_selective_scan
+
+
+def _selective_scan(u, dt, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
+    if not _usable(u, dt, A, B, C, D, z, delta_bias):
+        return None
+    if u.dim() != 3 or dt.shape != u.shape or A.dim() != 2 or B.dim() != 3 or C.shape != B.shape:
+        return None  # mamba_ssm's grouped (4-D) or time-invariant (2-D) B/C: not a transformers call
+    Bsz, Dm, L = u.shape
+    N = A.shape[1]
+    if L == 0 or A.shape[0] != Dm or B.shape != (Bsz, N, L) or (z is not None and z.shape != u.shape):
+        return None
+    if any(t is not None and t.shape != (Dm,) for t in (D, delta_bias)):
+        return None
+    if any(t is not None and t.dtype not in _FLOATS for t in (u, dt, A, B, C, D, z, delta_bias)):
+        return None
+    # Token-major memory: the out_proj that follows reads the transposed result contiguous.
+    out = torch.empty(Bsz, L, Dm, dtype=u.dtype)
+    state = torch.empty(Bsz, Dm, N, dtype=torch.float32) if return_last_state else None
+    ctx, cu = _ctx(), _desc(_cu(1, L))
+    a, d, bias = _desc(A.float()), _desc(_f32(D)), _desc(_f32(delta_bias))
+    flags = ssmk.MAMBA2_DT_SOFTPLUS if delta_softplus else 0
+    # One call per batch row: a [B, D, L] tensor folds its rows into one token axis only when it
+    # is token-major, and transformers' dt never is (the dt projection writes it channel-major).
+    for b in range(Bsz):
+        _run("ssmk_mamba2_scan", ssmk.lib.ssmk_mamba2_scan(
+            ctx, _unit_p(u, b), _view(dt, (L, Dm), (dt.stride(2), dt.stride(1)), b * dt.stride(0)), a,
+            _one_group(B, b), _one_group(C, b), d, None if z is None else _unit_p(z, b), bias, *_UNLIMITED, flags,
+            None if state is None else _view(state, (1, Dm, 1, N), (Dm * N, N, N, 1), b * Dm * N), cu, None, None,
+            None, -1, _view(out, (L, Dm, 1), (Dm, 1, 1), b * L * Dm), None, None))
+    out = out.transpose(1, 2)
+    return (out, state) if return_last_state else out
 
 
 def _make(family, name, original):
@@ -573,8 +708,10 @@ def _make(family, name, original):
         fn = _make_conv_update(family, original)
     elif name == "mamba2_chunk_scan":
         fn = _make_chunk_scan(family, original)
-    elif name == "mamba2_selective_state_update":
-        fn = _make_state_update(family, original)
+    elif name in ("mamba2_selective_state_update", "mamba_selective_state_update"):
+        fn = _make_state_update(family, name, original)
+    elif name == "mamba_selective_scan":
+        fn = _make_selective_scan(family, original)
     else:
         fn = _make_delta_rule(family, name, original)
     fn._ssmk_family = family

@@ -76,7 +76,8 @@ def ref_delta_rule(q, k, v, g, beta, scale, S, l2norm, eps):
 
 
 def ref_mamba2(x, dt, A, B, C, D, z, dt_bias, h):
-    """One sequence, softplus, no dt limit: x [T,NH,P], dt [T,NH], B/C [T,G,N], h [NH,P,N] f64."""
+    """One sequence, softplus, no dt limit: x [T,NH,P], dt [T,NH], A [NH] or [NH,N] (per state
+    channel), B/C [T,G,N], h [NH,P,N] f64."""
     T, NH, P = x.shape
     G = B.shape[1]
     x, dt, B, C, z = (t.double() for t in (x, dt, B, C, z))
@@ -335,6 +336,57 @@ class Mamba2(unittest.TestCase):
                 want, h2 = ref_mamba2(x[T:], dt[T:], A, B[T:], C[T:], D, z[T:], dt_bias, h1)
                 close(self, o1, want, dtype, "decode", scale=4)
                 torch.testing.assert_close(state[1], h2.float(), rtol=1e-5, atol=1e-5)
+
+
+    def test_mamba1_per_channel_A(self):
+        """A [D, N] (Mamba-1: D channels = D heads of P = 1 sharing one group of B/C) in the two
+        layouts runtimes hold: token-major [T, D] and channel-major [D, T] (vLLM's) views, x and z
+        sliced out of one projection; prefill then one decode step against the f64 recurrence."""
+        Dm, N, T = 24, 16, 70
+        A = -torch.arange(1, N + 1, dtype=torch.float32) * (1 + 0.5 * torch.rand(Dm, N, generator=gen(50)))
+        D, dt_bias = randn(Dm, seed=51), torch.full((Dm,), -3.0) + randn(Dm, seed=52, scale=0.5)
+        for dtype in DTYPES:
+            for layout in ("token-major", "channel-major"):
+                with self.subTest(dtype=dtype, layout=layout):
+                    xz, dt = randn(2 * Dm, T + 1, seed=53, dtype=dtype), randn(Dm, T + 1, seed=54, dtype=dtype)
+                    if layout == "token-major":
+                        xz, dt = xz.t().contiguous(), dt.t().contiguous()
+                        x, z = xz[:, :Dm], xz[:, Dm:]
+                        out = torch.empty(T + 1, Dm, dtype=dtype)
+                    else:  # [D, T] memory, tokens contiguous, seen as [T, D]
+                        x, z, dt = xz[:Dm].t(), xz[Dm:].t(), dt.t()
+                        out = torch.empty(Dm, T + 1, dtype=dtype).t()
+                    x, z, out = x.unsqueeze(-1), z.unsqueeze(-1), out.unsqueeze(-1)  # [T, D, P = 1]
+                    B, C = randn(T + 1, 1, N, seed=55, dtype=dtype), randn(T + 1, 1, N, seed=56, dtype=dtype)
+                    state = randn(2, Dm, 1, N, seed=57, scale=0.5)
+                    h0 = state[1].clone()
+                    idx, init = torch.tensor([1], dtype=torch.int32), torch.tensor([True])
+                    ret = st.mamba2_scan(x[:T], dt[:T], A, B[:T], C[:T], D, z[:T], dt_bias, dt_softplus=True,
+                                         state=state, state_indices=idx, has_initial_state=init, out=out[:T])
+                    self.assertEqual(ret.stride(), out.stride())
+                    want, h1 = ref_mamba2(x[:T], dt[:T], A, B[:T], C[:T], D, z[:T], dt_bias, h0)
+                    close(self, out[:T], want, dtype, "prefill", scale=4)
+                    torch.testing.assert_close(state[1], h1.float(), rtol=2e-4, atol=2e-4)
+                    h1 = state[1].clone()
+                    st.mamba2_scan(x[T:], dt[T:], A, B[T:], C[T:], D, z[T:], dt_bias, dt_softplus=True, state=state,
+                                   state_indices=idx, has_initial_state=init, out=out[T:])
+                    want, h2 = ref_mamba2(x[T:], dt[T:], A, B[T:], C[T:], D, z[T:], dt_bias, h1)
+                    close(self, out[T:], want, dtype, "decode", scale=4)
+                    torch.testing.assert_close(state[1], h2.float(), rtol=1e-5, atol=1e-5)
+
+    def test_bad_A_is_refused_and_writes_nothing(self):
+        Dm, N, T = 8, 16, 3
+        x, z, dt = randn(T, Dm, 1, seed=60), randn(T, Dm, 1, seed=61), randn(T, Dm, seed=62)
+        B, C = randn(T, 1, N, seed=63), randn(T, 1, N, seed=64)
+        for A, what in ((-torch.ones(Dm, N + 1), "A"), (-torch.ones(Dm, 1, N), "A.ndim"),
+                        (-torch.ones(Dm, N, dtype=torch.float64), "A.dtype")):
+            with self.subTest(shape=tuple(A.shape), dtype=A.dtype):
+                state, out = torch.full((1, Dm, 1, N), 0.25), torch.full((T, Dm, 1), 7.0)
+                with self.assertRaises(ssmk.SsmkError) as cm:
+                    st.mamba2_scan(x, dt, A, B, C, z=z, dt_softplus=True, state=state, out=out)
+                self.assertIn(what, cm.exception.message)
+                self.assertTrue(torch.equal(state, torch.full((1, Dm, 1, N), 0.25)))
+                self.assertTrue(torch.equal(out, torch.full((T, Dm, 1), 7.0)))
 
 
 class Memory(unittest.TestCase):

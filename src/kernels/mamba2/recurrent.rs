@@ -7,8 +7,9 @@
 //! in a local buffer, so the SIMD body never reads or writes outside the tensors.
 
 use super::Scan;
+use crate::dtype::DType;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::simd::{Simd, SimdElement, load_row_simd, store_row_simd};
+use crate::kernels::simd::{Simd, SimdElement, load_row_simd, store_row_simd, transpose};
 use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
 use crate::kernels::{Sequence, StateWrite};
 
@@ -389,11 +390,7 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
     let mut buf = TaskBuffer::take(pd * np + np + pd);
     let (rows, rest) = buf.split_at_mut(pd * np);
     let (b_row, x) = rest.split_at_mut(np);
-    for (p, row) in rows.chunks_exact_mut(np).enumerate() {
-        for (n, v) in row[..nd].iter_mut().enumerate() {
-            *v = state_t[n * pd + p];
-        }
-    }
+    unsafe { transpose(state_t.as_ptr(), pd, rows.as_mut_ptr(), np, nd, pd) };
     for t in start..start + len {
         unsafe {
             let step = args.step(t, h);
@@ -432,11 +429,20 @@ pub unsafe fn store_transposed<S: Simd, St: SimdElement>(
     slot: usize,
 ) {
     let (pd, nd) = (args.head_dim, args.state_dim);
-    let mut row = vec![0f32; nd];
-    for p in 0..pd {
-        for (n, v) in row.iter_mut().enumerate() {
-            *v = state_t[n * pd + p];
+    let st = args
+        .state
+        .as_ref()
+        .expect("a state slot without a state tensor");
+    unsafe {
+        if st.dtype == DType::F32 && st.strides[3] == 1 {
+            // Straight into the slot, 8 x 8 blocks through registers.
+            let dst = st.at(&[slot, h, 0, 0]).cast::<f32>();
+            return transpose(state_t.as_ptr(), pd, dst, st.strides[2], nd, pd);
         }
-        unsafe { store_state_row::<S, St>(args, slot, h, p, &row) };
+        let mut rows = TaskBuffer::take(pd * nd);
+        transpose(state_t.as_ptr(), pd, rows.as_mut_ptr(), nd, nd, pd);
+        for (p, row) in rows.chunks_exact(nd).enumerate() {
+            store_state_row::<S, St>(args, slot, h, p, row);
+        }
     }
 }

@@ -388,6 +388,54 @@ class Mamba2(unittest.TestCase):
                 self.assertTrue(torch.equal(state, torch.full((1, Dm, 1, N), 0.25)))
                 self.assertTrue(torch.equal(out, torch.full((T, Dm, 1), 7.0)))
 
+class Checkpoints(unittest.TestCase):
+    """ABI.md §4.10 through the ops: the state after chosen tokens of a prefill goes to other slots."""
+
+    def test_mamba2_and_delta_rule_checkpoints_equal_shorter_calls(self):
+        T, NH, P, G, N = 150, 2, 8, 1, 16
+        x, dt = randn(T, NH, P, seed=60), randn(T, NH, seed=61)
+        B, C = randn(T, G, N, seed=62), randn(T, G, N, seed=63)
+        A = -torch.exp(torch.linspace(0, 1, NH))
+        offsets = torch.tensor([[16, 64, 100, 150]], dtype=torch.int64)
+        slots = torch.tensor([[1, 2, 3, -1]], dtype=torch.int32)  # the pad entry is ignored
+        state = torch.zeros(5, NH, P, N)
+        plain = torch.zeros(5, NH, P, N)
+        out = st.mamba2_scan(x, dt, A, B, C, dt_softplus=True, state=state,
+                             checkpoint_offsets=offsets, checkpoint_slots=slots)
+        out0 = st.mamba2_scan(x, dt, A, B, C, dt_softplus=True, state=plain)
+        self.assertTrue(torch.equal(out, out0) and torch.equal(state[0], plain[0]))
+        for o, slot in [(16, 1), (64, 2), (100, 3)]:
+            alone = torch.zeros(1, NH, P, N)
+            st.mamba2_scan(x[:o], dt[:o], A, B[:o], C[:o], dt_softplus=True, state=alone)
+            torch.testing.assert_close(state[slot], alone[0], rtol=1e-4, atol=1e-4)
+        self.assertTrue(torch.equal(state[4], plain[4]))
+        H, HV, K, V = 1, 2, 16, 8
+        q, k, v = randn(T, H, K, seed=64), randn(T, H, K, seed=65), randn(T, HV, V, seed=66)
+        g = -torch.rand(T, HV, generator=gen(67)) * 0.3
+        beta = torch.rand(T, HV, generator=gen(68))
+        pool = torch.zeros(5, HV, K, V)
+        torch.ops.ssmk.gated_delta_rule(q, k, v, g, beta, 0.0, pool, None, None, None, None, 1, 1e-6, -1,
+                                        torch.empty(T, HV, V), 0, offsets, slots)
+        for o, slot in [(16, 1), (64, 2), (100, 3)]:
+            alone = torch.zeros(1, HV, K, V)
+            st.gated_delta_rule(q[:o], k[:o], v[:o], g[:o], beta[:o], state=alone, qk_l2norm=True)
+            torch.testing.assert_close(pool[slot], alone[0], rtol=1e-4, atol=1e-4)
+
+    def test_conv_checkpoint_is_bit_exact_and_refusals_name_it(self):
+        D, W, T = 8, 4, 40
+        x, w = randn(T, D, seed=69), randn(D, W, seed=70)
+        states = torch.zeros(3, W - 1, D)
+        st.causal_conv1d_fwd(x, w, conv_states=states, activation="silu",
+                             checkpoint_offsets=torch.tensor([[33]]), checkpoint_slots=torch.tensor([[2]]))
+        alone = torch.zeros(1, W - 1, D)
+        st.causal_conv1d_fwd(x[:33], w, conv_states=alone, activation="silu")
+        self.assertTrue(torch.equal(states[2], alone[0]))
+        with self.assertRaisesRegex(ssmk.SsmkError, "checkpoint_slots is NULL"):
+            st.causal_conv1d_fwd(x, w, conv_states=states, checkpoint_offsets=torch.tensor([[3]]))
+        torch.library.opcheck(torch.ops.ssmk.causal_conv1d_fwd.default,
+                              (x, w, None, states, None, None, None, 1, -1, torch.empty(T, D), 0,
+                               torch.tensor([[5]]), torch.tensor([[1]])))
+
 
 class Memory(unittest.TestCase):
     def test_zero_blocks_on_a_strided_view(self):

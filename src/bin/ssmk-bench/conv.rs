@@ -5,9 +5,11 @@
 use ssmk::dtype::DType;
 use ssmk::ffi::conv::{SSMK_ACTIVATION_SILU, ssmk_causal_conv1d_fwd, ssmk_causal_conv1d_update};
 use ssmk::runtime::{Isa, with_isa};
+use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
+use crate::layers;
 
 pub fn short(d: DType) -> &'static str {
     match d {
@@ -110,6 +112,54 @@ fn fwd(
     })
 }
 
+/// The prefill of one `len`-token sequence storing its state at every 128th token (ABI.md
+/// §4.10, vLLM's CPU block size) in slots `1..`, timed beside the same prefill without them.
+fn fwd_checkpoints(cfg: &Config, report: &mut Report, dtype: DType, len: usize, dim: usize) {
+    let width = 4;
+    let x = Buf::random(dtype, &[len, dim], 1, 1.0);
+    let out = Buf::zeros(dtype, &[len, dim]);
+    let weight = Buf::random(dtype, &[dim, width], 2, 0.5);
+    let (offsets, slots, n) = layers::checkpoint_tables(len, 1);
+    let states = Buf::random(dtype, &[1 + n, width - 1, dim], 4, 1.0);
+    let (xd, wd, od, sd) = (x.desc(), weight.desc(), out.desc(), states.desc());
+    let (cod, csd) = (offsets.desc(), slots.desc());
+    let call = |ctx: &Ctx, checkpoints: bool| {
+        let (mut s, mut o) = (sd, od);
+        let (co, cs) = match checkpoints {
+            true => (&cod as *const ssmk_tensor, &csd as *const ssmk_tensor),
+            false => (std::ptr::null(), std::ptr::null()),
+        };
+        ok(unsafe {
+            ssmk_causal_conv1d_fwd(
+                ctx.0,
+                &xd,
+                &wd,
+                std::ptr::null(),
+                &mut s,
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                SSMK_ACTIVATION_SILU,
+                -1,
+                &mut o,
+                co,
+                cs,
+            )
+        })
+    };
+    let bytes = 2 * x.bytes() + weight.bytes() + (width - 1) * dim * dtype.size();
+    layers::checkpoint_rows(
+        cfg,
+        report,
+        "causal_conv1d_fwd + checkpoints",
+        format!("T={len} (1x{len}) D={dim} W={width}"),
+        short(dtype),
+        Work::Bytes(bytes as f64),
+        |ctx| call(ctx, true),
+        |ctx| call(ctx, false),
+    );
+}
+
 /// Decode: one token for each of `batch` sequences, slots in reverse order.
 fn update(cfg: &Config, report: &mut Report, dtype: DType, batch: usize, dim: usize, width: usize) {
     let x = Buf::random(dtype, &[batch, dim], 5, 1.0);
@@ -158,5 +208,6 @@ pub fn run(cfg: &Config, report: &mut Report) {
             format!("{:.2}", other / bf16),
         );
     }
+    fwd_checkpoints(cfg, report, DType::BF16, cfg.pick(2048, 256), dim);
     update(cfg, report, DType::BF16, cfg.pick(256, 64), dim, 4);
 }

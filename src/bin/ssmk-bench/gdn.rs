@@ -6,6 +6,7 @@
 use ssmk::dtype::DType;
 use ssmk::ffi::gdn::{SSMK_GDN_QK_L2NORM, ssmk_gated_delta_rule, ssmk_gdn_gating, ssmk_kda_gating};
 use ssmk::runtime::{Isa, with_isa};
+use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
 use crate::harness::{
@@ -67,6 +68,8 @@ struct DeltaRule {
     state: Buf,
     out: Buf,
     seqs: Seqs,
+    /// Checkpoint tables (ABI.md §4.10), if the call stores states inside its prefill.
+    checkpoints: Option<(Buf, Buf)>,
 }
 
 impl DeltaRule {
@@ -86,7 +89,17 @@ impl DeltaRule {
             state: Buf::random(DType::F32, &[b, hv, K, V], 16, 0.1),
             out: Buf::zeros(dtype, &[t, hv, V]),
             seqs: Seqs::new(lens, initial),
+            checkpoints: None,
         }
+    }
+
+    /// The same call (one sequence) also storing the state at every
+    /// [`layers::CHECKPOINT_EVERY`]th token, in slots `1..` of a pool grown to fit them.
+    fn with_checkpoints(mut self) -> DeltaRule {
+        let (offsets, slots, n) = layers::checkpoint_tables(self.tokens(), 1);
+        self.state = Buf::random(DType::F32, &[1 + n, self.heads.hv, K, V], 16, 0.1);
+        self.checkpoints = Some((offsets, slots));
+        self
     }
 
     fn tokens(&self) -> usize {
@@ -104,6 +117,12 @@ impl DeltaRule {
         let (g, beta) = (self.g.desc(), self.beta.desc());
         let (mut state, mut out) = (self.state.desc(), self.out.desc());
         let (cu, idx, init) = self.seqs.descs();
+        let tables = self.checkpoints.as_ref().map(|(o, s)| (o.desc(), s.desc()));
+        let (co, cs) = tables
+            .as_ref()
+            .map_or((std::ptr::null(), std::ptr::null()), |(o, s)| {
+                (o as *const ssmk_tensor, s as *const ssmk_tensor)
+            });
         ok(unsafe {
             with_isa(isa, || {
                 ssmk_gated_delta_rule(
@@ -123,8 +142,8 @@ impl DeltaRule {
                     1e-6,
                     -1,
                     &mut out,
-                    std::ptr::null(),
-                    std::ptr::null(),
+                    co,
+                    cs,
                 )
             })
         });
@@ -194,6 +213,27 @@ fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtyp
         r.vs_reference = Some(reference / t);
         report.push_against(r, "f32 FMA peak 1t", peak);
     }
+}
+
+/// The prefill of one `len`-token sequence storing its state at every 128th token (vLLM's CPU
+/// block size), timed beside the same prefill without checkpoints.
+fn prefill_checkpoints(cfg: &Config, report: &mut Report, heads: Heads, len: usize) {
+    let plain = DeltaRule::new(heads, &[len], DType::BF16, false);
+    let with = DeltaRule::new(heads, &[len], DType::BF16, false).with_checkpoints();
+    let op = match heads.per_channel {
+        true => "KDA delta rule prefill + checkpoints",
+        false => "gated_delta_rule prefill + checkpoints",
+    };
+    layers::checkpoint_rows(
+        cfg,
+        report,
+        op,
+        format!("1x{len} {}", heads.describe()),
+        "bf16 in/f32 state",
+        Work::Flops(prefill_flops(len, heads.hv)),
+        |ctx| with.call(Isa::active(), ctx),
+        |ctx| plain.call(Isa::active(), ctx),
+    );
 }
 
 fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize) {
@@ -283,6 +323,7 @@ pub fn run(cfg: &Config, report: &mut Report) {
     prefill(cfg, report, GDN, &[long], DType::BF16);
     prefill(cfg, report, GDN, &[short; 4], DType::BF16);
     prefill(cfg, report, GDN, &[long], DType::F32);
+    prefill_checkpoints(cfg, report, GDN, long);
     decode(cfg, report, GDN, cfg.pick(64, 8));
     prefill(cfg, report, KDA, &[long], DType::BF16);
     prefill(cfg, report, KDA, &[short; 4], DType::BF16);
@@ -294,6 +335,7 @@ pub fn run(cfg: &Config, report: &mut Report) {
         &[long],
         DType::BF16,
     );
+    prefill_checkpoints(cfg, report, KDA, long);
     decode(cfg, report, KDA, cfg.pick(64, 8));
     layer_steps(cfg, report, GDN);
     layer_steps(cfg, report, KDA);

@@ -8,7 +8,7 @@ use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
-use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_slow};
+use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_beside_peak_and, time_slow};
 
 /// The layers' causal conv width.
 const WIDTH: usize = 4;
@@ -190,5 +190,66 @@ pub fn decode_rows(
         );
         r.vs_reference = Some(reference / t);
         report.push_against(r, "memcpy", memcpy);
+    }
+}
+
+/// Where prefix caching stores states (ABI.md §4.10): every this many tokens (vLLM's CPU block).
+pub const CHECKPOINT_EVERY: usize = 128;
+
+/// Checkpoint tables `[1, n]` of one `len`-token sequence: the state after every
+/// [`CHECKPOINT_EVERY`]th token (its last included) into slots `first_slot..`. Returns them and n.
+pub fn checkpoint_tables(len: usize, first_slot: usize) -> (Buf, Buf, usize) {
+    let n = len / CHECKPOINT_EVERY;
+    let mut offsets = Buf::ints(
+        &(1..=n)
+            .map(|i| (i * CHECKPOINT_EVERY) as i64)
+            .collect::<Vec<_>>(),
+    );
+    let mut slots = Buf::ints(&(0..n).map(|i| (first_slot + i) as i64).collect::<Vec<_>>());
+    offsets.shape = vec![1, n as i64];
+    slots.shape = vec![1, n as i64];
+    (offsets, slots, n)
+}
+
+/// Rows of a prefill with checkpoints at every [`CHECKPOINT_EVERY`]th token (`with`), each timed
+/// beside the same prefill without them (`without`): the note gives the cost ratio with/without,
+/// and the row's baseline is the call without checkpoints.
+#[allow(clippy::too_many_arguments)]
+pub fn checkpoint_rows(
+    cfg: &Config,
+    report: &mut Report,
+    op: &str,
+    shape: String,
+    dtype: &str,
+    work: Work,
+    with: impl Fn(&Ctx),
+    without: impl Fn(&Ctx),
+) {
+    for &threads in &cfg.threads {
+        let ctx = Ctx::new(threads);
+        let (t, _, t_without) = time_beside_peak_and(cfg, || with(&ctx), || without(&ctx));
+        let row = Row::new(
+            op,
+            shape.clone(),
+            dtype,
+            threads,
+            t,
+            work,
+            format!(
+                "checkpoints at every {CHECKPOINT_EVERY}th token; time with/without {:.3}",
+                t / t_without
+            ),
+        );
+        let (rate, _) = Row::new(
+            op,
+            String::new(),
+            dtype,
+            threads,
+            t_without,
+            work,
+            String::new(),
+        )
+        .rate();
+        report.push_against(row, "same prefill without checkpoints", rate);
     }
 }

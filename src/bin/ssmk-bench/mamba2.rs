@@ -7,6 +7,7 @@
 use ssmk::dtype::DType;
 use ssmk::ffi::mamba2::{SSMK_MAMBA2_DT_SOFTPLUS, ssmk_mamba2_scan};
 use ssmk::runtime::{Isa, with_isa};
+use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time_beside_peak, time_slow};
@@ -32,6 +33,8 @@ struct Scan {
     state: Buf,
     out: Buf,
     seqs: Seqs,
+    /// Checkpoint tables (ABI.md §4.10), if the call stores states inside its prefill.
+    checkpoints: Option<(Buf, Buf)>,
 }
 
 impl Scan {
@@ -48,7 +51,17 @@ impl Scan {
             state: Buf::random(DType::F32, &[b, NH, P, N], 46, 0.1),
             out: Buf::zeros(dtype, &[t, NH, P]),
             seqs: Seqs::new(lens, initial),
+            checkpoints: None,
         }
+    }
+
+    /// The same call (one sequence) also storing the state at every
+    /// [`layers::CHECKPOINT_EVERY`]th token, in slots `1..` of a pool grown to fit them.
+    fn with_checkpoints(mut self) -> Scan {
+        let (offsets, slots, n) = layers::checkpoint_tables(self.tokens(), 1);
+        self.state = Buf::random(DType::F32, &[1 + n, NH, P, N], 46, 0.1);
+        self.checkpoints = Some((offsets, slots));
+        self
     }
 
     fn tokens(&self) -> usize {
@@ -70,6 +83,12 @@ impl Scan {
         );
         let (mut state, mut out) = (self.state.desc(), self.out.desc());
         let (cu, idx, init) = self.seqs.descs();
+        let tables = self.checkpoints.as_ref().map(|(o, s)| (o.desc(), s.desc()));
+        let (co, cs) = tables
+            .as_ref()
+            .map_or((std::ptr::null(), std::ptr::null()), |(o, s)| {
+                (o as *const ssmk_tensor, s as *const ssmk_tensor)
+            });
         ok(unsafe {
             with_isa(isa, || {
                 ssmk_mamba2_scan(
@@ -92,8 +111,8 @@ impl Scan {
                     std::ptr::null(),
                     -1,
                     &mut out,
-                    std::ptr::null(),
-                    std::ptr::null(),
+                    co,
+                    cs,
                 )
             })
         });
@@ -185,9 +204,27 @@ impl layers::LayerStep for LayerStep {
     }
 }
 
+/// The prefill of one `len`-token sequence storing its state at every 128th token (vLLM's CPU
+/// block size), timed beside the same prefill without checkpoints.
+fn prefill_checkpoints(cfg: &Config, report: &mut Report, len: usize) {
+    let plain = Scan::new(&[len], DType::BF16, false);
+    let with = Scan::new(&[len], DType::BF16, false).with_checkpoints();
+    layers::checkpoint_rows(
+        cfg,
+        report,
+        "mamba2_scan prefill + checkpoints",
+        format!("1x{len} {HEADS}"),
+        "bf16 in/f32 state",
+        Work::Flops(prefill_flops(len)),
+        |ctx| with.call(Isa::active(), ctx),
+        |ctx| plain.call(Isa::active(), ctx),
+    );
+}
+
 pub fn run(cfg: &Config, report: &mut Report) {
     let (long, short) = (cfg.pick(2048, 128), cfg.pick(512, 32));
     prefill(cfg, report, &[long]);
+    prefill_checkpoints(cfg, report, long);
     prefill(cfg, report, &[short; 4]);
     decode(cfg, report, cfg.pick(64, 8));
     let op = "Nemotron-H Mamba-2 layer step";

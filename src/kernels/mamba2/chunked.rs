@@ -13,6 +13,7 @@
 
 use super::recurrent::{checkpoint_from, finish_row};
 use super::{CHUNK, Scan};
+use crate::dtype::DType;
 use crate::kernels::chunking::{Chunk, TaskBuffer};
 use crate::kernels::gdn::gating::softplus_v;
 use crate::kernels::gemm::{MatA, Start, gemm};
@@ -488,6 +489,11 @@ unsafe fn store_transposed<S: Simd>(args: &Scan, slot: usize, h: usize, state_t:
                 store_row_simd::<S>(st.at(&[slot, h, 0, n]), st.dtype, 1, row);
             }
             return;
+        }
+        if st.dtype == DType::F32 && st.strides[3] == 1 {
+            // Straight into the slot, 8 x 8 blocks through registers.
+            let dst = st.at(&[slot, h, 0, 0]).cast::<f32>();
+            return transpose(state_t.as_ptr(), pd, dst, st.strides[2], nd, pd);
         }
         let mut rows = vec![0f32; pd * nd];
         transpose(state_t.as_ptr(), pd, rows.as_mut_ptr(), nd, nd, pd);

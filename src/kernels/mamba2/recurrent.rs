@@ -8,7 +8,7 @@
 
 use super::Scan;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::simd::{Simd, SimdElement, load_row_simd, store_row_simd};
+use crate::kernels::simd::{Simd, SimdElement, load_row_simd, store_row_simd, transpose};
 use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
 use crate::kernels::{Sequence, StateWrite};
 
@@ -476,11 +476,7 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
     let (rows, rest) = buf.split_at_mut(pd * np);
     let (b_row, rest) = rest.split_at_mut(np);
     let (decay, x) = rest.split_at_mut(np);
-    for (p, row) in rows.chunks_exact_mut(np).enumerate() {
-        for (n, v) in row[..nd].iter_mut().enumerate() {
-            *v = state_t[n * pd + p];
-        }
-    }
+    unsafe { transpose(state_t.as_ptr(), pd, rows.as_mut_ptr(), np, nd, pd) };
     for t in start..start + len {
         unsafe {
             let step = args.step(t, h);

@@ -69,6 +69,7 @@ fuzz_target!(|data: &[u8]| {
         &mut call,
         input,
         ["query_start_loc", "cache_indices", "has_initial_state"],
+        true,
     );
     let out = call.tensor(
         input,

@@ -125,12 +125,14 @@ pub struct BatchArgs {
 }
 
 impl Batch {
-    /// Declares the batch's descriptors under the export's names for them.
+    /// Declares the batch's descriptors under the export's names for them (`with_slots` false:
+    /// the caller declares its own slot table).
     pub fn tensors(
         &self,
         call: &mut Call,
         input: &mut Input,
         names: [&'static str; 3],
+        with_slots: bool,
     ) -> BatchArgs {
         let b = self.len();
         let starts = self.explicit_starts.then(|| {
@@ -145,15 +147,19 @@ impl Batch {
             )
         });
         let dtype = input.pick(&INDEX);
-        let slots = call.optional(
-            input,
-            200,
-            names[1],
-            Role::Input,
-            dtype,
-            &[b],
-            Fill::Ints(self.slots.clone()),
-        );
+        let slots = if with_slots {
+            call.optional(
+                input,
+                200,
+                names[1],
+                Role::Input,
+                dtype,
+                &[b],
+                Fill::Ints(self.slots.clone()),
+            )
+        } else {
+            None
+        };
         let dtype = input.pick(&MASKS);
         let initial = call.optional(
             input,

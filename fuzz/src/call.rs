@@ -503,6 +503,19 @@ impl Call {
         for i in 0..self.args.len() {
             self.fill(i);
         }
+        // Tensors sharing bytes read each other's values as their own dtype: any bits, as in a
+        // wild call (and a refused one if an output is among them).
+        let mut owner = vec![u16::MAX; self.arena_len];
+        for (i, a) in self.args.iter().enumerate() {
+            for &off in &a.elems {
+                for o in &mut owner[off..off + a.elem_size] {
+                    if *o != u16::MAX && *o != i as u16 {
+                        self.wild = true;
+                    }
+                    *o = i as u16;
+                }
+            }
+        }
     }
 
     fn fill(&mut self, i: usize) {

@@ -28,12 +28,10 @@ struct Sequences {
 
 fn sequences(call: &mut Call, input: &mut Input, batch: &Batch) -> Sequences {
     let b = batch.len();
-    let seqs = batch.tensors(
-        call,
-        input,
-        ["cu_seqlens", "state_indices", "has_initial_state"],
-    );
-    if !input.chance(64) {
+    let speculative = input.chance(64);
+    let names = ["cu_seqlens", "state_indices", "has_initial_state"];
+    let seqs = batch.tensors(call, input, names, !speculative);
+    if !speculative {
         return Sequences {
             cu_seqlens: seqs.starts,
             state_indices: seqs.slots,

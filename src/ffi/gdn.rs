@@ -480,8 +480,19 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
                 "l2norm_eps = {l2norm_eps}, expected a finite value >= 0"
             );
         }
-        // Outputs: each element once, and never memory another tensor of the call uses.
-        let inputs = [Some(&q), Some(&k), Some(&v), Some(&g), Some(&beta)];
+        // Outputs: each element once, and never memory another tensor of the call uses (the
+        // sequence tables included: the header promises `SSMK_ERR_ALIASING` for any input).
+        let inputs = [
+            Some(&q),
+            Some(&k),
+            Some(&v),
+            Some(&g),
+            Some(&beta),
+            cu_seqlens.as_ref(),
+            state_indices.as_ref(),
+            has_initial_state.as_ref(),
+            num_accepted.as_ref(),
+        ];
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
 
         let mut sequences = parse_sequences(

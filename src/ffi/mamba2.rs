@@ -275,6 +275,10 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             Some(&a_view),
             d.as_ref(),
             dt_bias.as_ref(),
+            cu_seqlens.as_ref(),
+            state_indices.as_ref(),
+            has_initial_state.as_ref(),
+            num_accepted.as_ref(),
         ];
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
         let mut sequences = parse_sequences(

@@ -175,12 +175,25 @@ pub(crate) unsafe fn kda_gate_row<S: Simd>(
             while c < kp {
                 let p = buf.as_mut_ptr().add(c);
                 let x = S::add(S::load_f32(p), S::load_f32(bias.as_ptr().add(h * kp + c)));
-                let g = if args.lower_bound == 0.0 {
-                    S::sub(S::zero(), S::mul(scale, softplus_v::<S>(x)))
+                let (g, arg) = if args.lower_bound == 0.0 {
+                    (S::sub(S::zero(), S::mul(scale, softplus_v::<S>(x))), x)
                 } else {
-                    S::mul(S::splat(args.lower_bound), sigmoid_v::<S>(S::mul(scale, x)))
+                    let arg = S::mul(scale, x);
+                    (S::mul(S::splat(args.lower_bound), sigmoid_v::<S>(arg)), arg)
                 };
                 S::store_f32(p, g);
+                if S::any_nan(arg) {
+                    // The vector exp clamps its argument, which would make a NaN gate argument
+                    // (a NaN input, or exp(A_log) = inf times 0) a finite gate; the scalar
+                    // reference gives NaN there, and so does this.
+                    let mut lanes = [0f32; 16];
+                    S::store_f32(lanes.as_mut_ptr(), arg);
+                    for (j, &v) in lanes[..l].iter().enumerate() {
+                        if v.is_nan() {
+                            *p.add(j) = v;
+                        }
+                    }
+                }
                 c += l;
             }
             store_row(args.g.at(&[n, h]), DType::F32, args.g.strides[2], &buf[..k]);

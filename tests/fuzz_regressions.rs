@@ -1,0 +1,235 @@
+//! Every finding of the fuzz targets (`fuzz/`, README "Fuzzing"), kept as a test of the normal
+//! suite so it stays fixed without a nightly toolchain.
+
+mod common;
+
+use std::ptr::{null, null_mut};
+
+use common::{Ctx, Tensor, assert_error};
+use ssmk::dtype::DType;
+use ssmk::ffi::gdn::{ssmk_gated_delta_rule, ssmk_kda_gating};
+use ssmk::ffi::mamba2::ssmk_mamba2_scan;
+use ssmk::ffi::status::*;
+use ssmk::runtime::{Isa, with_isa};
+use ssmk::tensor::ssmk_tensor;
+
+/// A one-dimensional int32 descriptor of `len` entries at byte `offset` of `t`'s storage.
+fn ints_inside(t: &Tensor, offset: usize, shape: &[i64; 1]) -> ssmk_tensor {
+    ssmk_tensor::cpu(
+        unsafe { t.base().add(offset) }.cast(),
+        DType::I32,
+        shape,
+        None,
+    )
+}
+
+/// Which sequence argument overlaps an output.
+#[derive(Clone, Copy, Debug)]
+enum Table {
+    CuSeqlens,
+    StateIndices,
+    HasInitialState,
+    NumAccepted,
+}
+
+const TABLES: [Table; 4] = [
+    Table::CuSeqlens,
+    Table::StateIndices,
+    Table::HasInitialState,
+    Table::NumAccepted,
+];
+
+/// The four sequence descriptors of a one-sequence call of `tokens` tokens (speculative with
+/// `num_accepted_tokens`), with `table` placed at the start of `host` (an output's storage,
+/// all zeros: slot 0, no initial state, ...) and the others in their own memory.
+struct Sequences {
+    /// The tables not placed in the output, kept alive for the descriptors.
+    _own: Vec<Tensor>,
+    descs: [Option<ssmk_tensor>; 4],
+}
+
+static ONE: [i64; 1] = [1];
+static TWO: [i64; 1] = [2];
+static ONE_BY_ONE: [i64; 2] = [1, 1];
+
+impl Sequences {
+    fn new(host: &Tensor, table: Table, tokens: i64) -> Sequences {
+        let speculative = matches!(table, Table::NumAccepted);
+        let mut own = vec![
+            Tensor::ints(DType::I32, &[0, tokens]),
+            Tensor::ints(DType::I32, &[0]),
+            Tensor::ints(DType::I32, &[0]),
+            Tensor::ints(DType::I32, &[1]),
+        ];
+        if speculative {
+            own[1].shape = vec![1, 1];
+        }
+        let mut descs: [Option<ssmk_tensor>; 4] = std::array::from_fn(|i| Some(own[i].desc()));
+        let i = table as usize;
+        descs[i] = Some(match table {
+            // cu_seqlens = [0, 0] read from the output: one empty sequence, still accepted before.
+            Table::CuSeqlens => ints_inside(host, 0, &TWO),
+            Table::StateIndices if speculative => unreachable!(),
+            Table::StateIndices | Table::HasInitialState => ints_inside(host, 0, &ONE),
+            Table::NumAccepted => ints_inside(host, 0, &ONE),
+        });
+        if speculative {
+            descs[1].as_mut().unwrap().shape = ONE_BY_ONE.as_ptr();
+            descs[1].as_mut().unwrap().ndim = 2;
+        } else {
+            descs[3] = None;
+        }
+        Sequences { _own: own, descs }
+    }
+
+    fn ptr(&self, i: usize) -> *const ssmk_tensor {
+        self.descs[i].as_ref().map_or(null(), |d| d as *const _)
+    }
+}
+
+/// Found by `delta_rule_gdn` and `delta_rule_kda`: `out` (or the state pool) over
+/// `state_indices` was accepted, although the header promises SSMK_ERR_ALIASING for an output
+/// overlapping any input. Now every sequence table is checked, for both outputs.
+#[test]
+fn delta_rule_outputs_must_not_overlap_sequence_tables() {
+    let (t, hv, kd, vd) = (1usize, 1, 4, 4);
+    for table in TABLES {
+        for over_state in [false, true] {
+            let q = Tensor::zeros(DType::F32, &[t, 1, kd]);
+            let k = Tensor::zeros(DType::F32, &[t, 1, kd]);
+            let v = Tensor::zeros(DType::F32, &[t, hv, vd]);
+            let g = Tensor::zeros(DType::F32, &[t, hv]);
+            let beta = Tensor::zeros(DType::F32, &[t, hv]);
+            let out = Tensor::zeros(DType::F32, &[t, hv, vd]);
+            let state = Tensor::zeros(DType::F32, &[2, hv, kd, vd]);
+            let host = if over_state { &state } else { &out };
+            let seqs = Sequences::new(host, table, t as i64);
+            let (mut od, mut sd) = (out.desc(), state.desc());
+            let (o, s) = (out.bytes(), state.bytes());
+            let code = unsafe {
+                ssmk_gated_delta_rule(
+                    Ctx::new(1).0,
+                    &q.desc(),
+                    &k.desc(),
+                    &v.desc(),
+                    &g.desc(),
+                    &beta.desc(),
+                    0.0,
+                    &mut sd,
+                    seqs.ptr(0),
+                    seqs.ptr(1),
+                    seqs.ptr(2),
+                    seqs.ptr(3),
+                    0,
+                    0.0,
+                    -1,
+                    &mut od,
+                )
+            };
+            let output = if over_state { "state" } else { "out" };
+            assert_error(code, SSMK_ERR_ALIASING, &[output, "overlap"]);
+            assert!(out.bytes() == o && state.bytes() == s, "{table:?}: written");
+        }
+    }
+}
+
+/// The same finding in `ssmk_mamba2_scan`, which shares the sequence rules (found by
+/// `mamba2_scan` once the delta rule was fixed; the same fix).
+#[test]
+fn mamba2_outputs_must_not_overlap_sequence_tables() {
+    let (t, nh, p, n) = (1usize, 1, 2, 4);
+    for table in TABLES {
+        for over_state in [false, true] {
+            let x = Tensor::zeros(DType::F32, &[t, nh, p]);
+            let dt = Tensor::zeros(DType::F32, &[t, nh]);
+            let a = Tensor::zeros(DType::F32, &[nh]);
+            let b = Tensor::zeros(DType::F32, &[t, 1, n]);
+            let c = Tensor::zeros(DType::F32, &[t, 1, n]);
+            let out = Tensor::zeros(DType::F32, &[t, nh, p]);
+            let state = Tensor::zeros(DType::F32, &[2, nh, p, n]);
+            let host = if over_state { &state } else { &out };
+            let seqs = Sequences::new(host, table, t as i64);
+            let (mut od, mut sd) = (out.desc(), state.desc());
+            let (o, s) = (out.bytes(), state.bytes());
+            let code = unsafe {
+                ssmk_mamba2_scan(
+                    Ctx::new(1).0,
+                    &x.desc(),
+                    &dt.desc(),
+                    &a.desc(),
+                    &b.desc(),
+                    &c.desc(),
+                    null(),
+                    null(),
+                    null(),
+                    f32::NEG_INFINITY,
+                    f32::INFINITY,
+                    0,
+                    &mut sd,
+                    seqs.ptr(0),
+                    seqs.ptr(1),
+                    seqs.ptr(2),
+                    seqs.ptr(3),
+                    -1,
+                    &mut od,
+                )
+            };
+            let output = if over_state { "state" } else { "out" };
+            assert_error(code, SSMK_ERR_ALIASING, &[output, "overlap"]);
+            assert!(out.bytes() == o && state.bytes() == s, "{table:?}: written");
+        }
+    }
+}
+
+/// Found by `kda_gating`: on AVX2/AVX-512 a NaN gate argument (a NaN in `a`, or
+/// `exp(A_log) = inf` times `a + dt_bias = 0`) gave a finite gate (the vector `exp` clamps its
+/// argument), where the scalar reference gives NaN. Every ISA now gives NaN exactly there, in
+/// both gate forms and at every lane position of a vector (K = 19: a full vector and a tail).
+#[test]
+fn every_isa_kda_gates_keep_nan() {
+    let (n, hv, k) = (2usize, 2, 19);
+    let mut a_log = Tensor::zeros(DType::F32, &[hv]);
+    a_log.set(&[1], f64::INFINITY);
+    let mut a = Tensor::zeros(DType::F32, &[n, hv, k]);
+    a.fill_random(5, 2.0);
+    let nan_at = [[0, 0, 0], [0, 0, 17], [1, 0, 9]];
+    for i in nan_at {
+        a.set(&i, f64::NAN);
+    }
+    for c in 0..k {
+        a.set(&[1, 1, c], 0.0); // exp(A_log) * 0 = inf * 0
+    }
+    for lower_bound in [0.0f32, -5.0] {
+        let run = |isa: Isa| {
+            let mut g = Tensor::zeros(DType::F32, &[n, hv, k]);
+            let mut gd = g.desc();
+            let code = with_isa(isa, || unsafe {
+                ssmk_kda_gating(
+                    Ctx::new(1).0,
+                    &a_log.desc(),
+                    &a.desc(),
+                    null(),
+                    lower_bound,
+                    null(),
+                    &mut gd,
+                    null_mut(),
+                )
+            });
+            assert_eq!(code, SSMK_OK, "{}", common::last_error());
+            g.to_vec()
+        };
+        let want = run(Isa::Scalar);
+        for i in nan_at {
+            assert!(want[(i[0] * hv + i[1]) * k + i[2]].is_nan());
+        }
+        for isa in Isa::under_test() {
+            let got = run(isa);
+            for (j, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= 1e-6 + 1e-5 * w.abs(),
+                    "{isa:?} lower_bound {lower_bound}: g[{j}] = {g}, scalar reference {w}"
+                );
+            }
+        }
+    }
+}

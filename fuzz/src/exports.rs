@@ -54,6 +54,8 @@ impl CausalConv1dFwd {
                 self.activation,
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
+                std::ptr::null(),
+                std::ptr::null(),
             )
         }
     }
@@ -138,6 +140,8 @@ impl ShortConv {
                 c.desc(self.has_initial_state),
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
+                std::ptr::null(),
+                std::ptr::null(),
             )
         }
     }
@@ -267,6 +271,8 @@ impl GatedDeltaRule {
                 self.l2norm_eps,
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
+                std::ptr::null(),
+                std::ptr::null(),
             )
         }
     }
@@ -337,6 +343,8 @@ impl Mamba2Scan {
                 c.desc(self.num_accepted_tokens),
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
+                std::ptr::null(),
+                std::ptr::null(),
             )
         }
     }

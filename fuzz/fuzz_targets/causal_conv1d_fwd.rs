@@ -84,6 +84,7 @@ fuzz_target!(|data: &[u8]| {
         &[t, dim],
         Fill::Floats(-9.0, 9.0),
     );
+    let checkpoints = batch.checkpoints(&mut call, input, batch.num_slots);
     let args = CausalConv1dFwd {
         x,
         weight,
@@ -95,6 +96,7 @@ fuzz_target!(|data: &[u8]| {
         activation,
         pad_slot_id: batch.pad_slot_id,
         out,
+        checkpoints,
     };
     call.run(CausalConv1dFwd::NAMES, &|c, ctx| args.invoke(c, ctx));
 });

@@ -79,6 +79,7 @@ fuzz_target!(|data: &[u8]| {
         &[t, dim],
         Fill::Floats(-9.0, 9.0),
     );
+    let checkpoints = batch.checkpoints(&mut call, input, batch.num_slots);
     let args = ShortConv {
         bcx,
         weight,
@@ -89,6 +90,7 @@ fuzz_target!(|data: &[u8]| {
         has_initial_state: seqs.initial,
         pad_slot_id: batch.pad_slot_id,
         out,
+        checkpoints,
     };
     call.run(ShortConv::NAMES, &|c, ctx| args.invoke(c, ctx));
 });

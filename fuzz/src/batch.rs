@@ -177,3 +177,73 @@ impl Batch {
         }
     }
 }
+
+/// ABI.md §4.10's checkpoint tables of a prefill call (`[B, C]` each), or NULL.
+#[derive(Clone, Copy, Default)]
+pub struct Checkpoints {
+    pub offsets: Option<Id>,
+    pub slots: Option<Id>,
+}
+
+impl Batch {
+    /// Checkpoint tables for this batch over a pool of `num_slots`: usually none; else offsets
+    /// mostly inside each sequence and slots mostly the pool's spare ones or `pad_slot_id`, with
+    /// hostile entries (outside the sequence or pool, a sequence's own slot, repeated slots) and
+    /// sometimes only one table or unequal shapes.
+    pub fn checkpoints(&self, call: &mut Call, input: &mut Input, num_slots: usize) -> Checkpoints {
+        if input.byte() < 128 {
+            return Checkpoints::default();
+        }
+        let (b, cols) = (self.len(), input.below(4));
+        let spare: Vec<i64> = (0..num_slots as i64)
+            .filter(|s| !self.slots.contains(s))
+            .collect();
+        let (mut offsets, mut slots) = (Vec::new(), Vec::new());
+        for s in 0..b {
+            let len = (self.starts[s + 1].saturating_sub(self.starts[s])).max(0) as usize;
+            for _ in 0..cols {
+                offsets.push(match input.byte() {
+                    0..=15 => input.hostile_i64(),
+                    16..=31 => (len as i64).wrapping_add(input.below(2) as i64),
+                    _ => input.range(1, len.max(1)) as i64,
+                });
+                slots.push(match input.byte() {
+                    0..=15 => input.hostile_i64(),
+                    16..=31 => self.slots[s],
+                    32..=79 => self.pad_slot_id,
+                    _ if spare.is_empty() => self.pad_slot_id,
+                    _ => spare[input.below(spare.len())],
+                });
+            }
+        }
+        let table =
+            |call: &mut Call, input: &mut Input, name, values: Vec<i64>, rows: usize| {
+                let dtype = input.pick(&INDEX);
+                call.tensor(
+                    input,
+                    name,
+                    Role::Input,
+                    dtype,
+                    &[rows, cols],
+                    Fill::Ints(values),
+                )
+            };
+        let offsets = table(call, input, "checkpoint_offsets", offsets, b);
+        let rows = if input.chance(16) { b + 1 } else { b };
+        let slots = table(call, input, "checkpoint_slots", slots, rows);
+        match input.below(16) {
+            0 => Checkpoints {
+                offsets: Some(offsets),
+                slots: None,
+            },
+            1 => Checkpoints {
+                offsets: None,
+                slots: Some(slots),
+            },
+            _ => Checkpoints {
+                offsets: Some(offsets),
+                slots: Some(slots),
+            },
+        }
+    }
+}

@@ -12,6 +12,7 @@ use ssmk::ffi::memory::{ssmk_batch_memcpy, ssmk_zero_blocks, ssmk_zero_blocks_mu
 use ssmk::ffi::short_conv::ssmk_short_conv;
 use ssmk::tensor::ssmk_tensor;
 
+use crate::batch::Checkpoints;
 use crate::call::{Call, Id};
 
 pub struct CausalConv1dFwd {
@@ -25,6 +26,7 @@ pub struct CausalConv1dFwd {
     pub activation: u32,
     pub pad_slot_id: i64,
     pub out: Id,
+    pub checkpoints: Checkpoints,
 }
 
 impl CausalConv1dFwd {
@@ -38,6 +40,8 @@ impl CausalConv1dFwd {
         "has_initial_state",
         "activation",
         "out",
+        "checkpoint_offsets",
+        "checkpoint_slots",
     ];
 
     pub fn invoke(&self, c: &Call, ctx: *const ssmk_context) -> i32 {
@@ -54,8 +58,8 @@ impl CausalConv1dFwd {
                 self.activation,
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
-                std::ptr::null(),
-                std::ptr::null(),
+                c.desc(self.checkpoints.offsets),
+                c.desc(self.checkpoints.slots),
             )
         }
     }
@@ -113,6 +117,7 @@ pub struct ShortConv {
     pub has_initial_state: Option<Id>,
     pub pad_slot_id: i64,
     pub out: Id,
+    pub checkpoints: Checkpoints,
 }
 
 impl ShortConv {
@@ -125,6 +130,8 @@ impl ShortConv {
         "cache_indices",
         "has_initial_state",
         "out",
+        "checkpoint_offsets",
+        "checkpoint_slots",
     ];
 
     pub fn invoke(&self, c: &Call, ctx: *const ssmk_context) -> i32 {
@@ -140,8 +147,8 @@ impl ShortConv {
                 c.desc(self.has_initial_state),
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
-                std::ptr::null(),
-                std::ptr::null(),
+                c.desc(self.checkpoints.offsets),
+                c.desc(self.checkpoints.slots),
             )
         }
     }
@@ -232,6 +239,7 @@ pub struct GatedDeltaRule {
     pub l2norm_eps: f32,
     pub pad_slot_id: i64,
     pub out: Id,
+    pub checkpoints: Checkpoints,
 }
 
 impl GatedDeltaRule {
@@ -250,6 +258,8 @@ impl GatedDeltaRule {
         "flags",
         "l2norm_eps",
         "out",
+        "checkpoint_offsets",
+        "checkpoint_slots",
     ];
 
     pub fn invoke(&self, c: &Call, ctx: *const ssmk_context) -> i32 {
@@ -271,8 +281,8 @@ impl GatedDeltaRule {
                 self.l2norm_eps,
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
-                std::ptr::null(),
-                std::ptr::null(),
+                c.desc(self.checkpoints.offsets),
+                c.desc(self.checkpoints.slots),
             )
         }
     }
@@ -298,6 +308,7 @@ pub struct Mamba2Scan {
     pub num_accepted_tokens: Option<Id>,
     pub pad_slot_id: i64,
     pub out: Id,
+    pub checkpoints: Checkpoints,
 }
 
 impl Mamba2Scan {
@@ -319,6 +330,8 @@ impl Mamba2Scan {
         "has_initial_state",
         "num_accepted_tokens",
         "out",
+        "checkpoint_offsets",
+        "checkpoint_slots",
     ];
 
     pub fn invoke(&self, c: &Call, ctx: *const ssmk_context) -> i32 {
@@ -343,8 +356,8 @@ impl Mamba2Scan {
                 c.desc(self.num_accepted_tokens),
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
-                std::ptr::null(),
-                std::ptr::null(),
+                c.desc(self.checkpoints.offsets),
+                c.desc(self.checkpoints.slots),
             )
         }
     }

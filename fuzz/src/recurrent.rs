@@ -174,6 +174,7 @@ pub fn delta_rule(data: &[u8], per_channel: bool) {
     } else {
         input.below(4) as u32 & (SSMK_GDN_QK_L2NORM | SSMK_GDN_GQA_TILED)
     };
+    let checkpoints = batch.checkpoints(&mut call, input, seqs.num_slots);
     let args = GatedDeltaRule {
         q,
         k,
@@ -190,6 +191,7 @@ pub fn delta_rule(data: &[u8], per_channel: bool) {
         l2norm_eps: call.scalar(input, &[1e-6, 1e-5, 0.0]),
         pad_slot_id: seqs.pad_slot_id,
         out,
+        checkpoints,
     };
     call.run(GatedDeltaRule::NAMES, &|c, ctx| args.invoke(c, ctx));
 }
@@ -318,6 +320,7 @@ pub fn mamba2_scan(data: &[u8]) {
         &[t, nh, p],
         Fill::Floats(-9.0, 9.0),
     );
+    let checkpoints = batch.checkpoints(&mut call, input, seqs.num_slots);
     let args = Mamba2Scan {
         x,
         dt,
@@ -337,6 +340,7 @@ pub fn mamba2_scan(data: &[u8]) {
         num_accepted_tokens: seqs.num_accepted_tokens,
         pad_slot_id: seqs.pad_slot_id,
         out,
+        checkpoints,
     };
     call.run(Mamba2Scan::NAMES, &|c, ctx| args.invoke(c, ctx));
 }

@@ -44,14 +44,14 @@ def qwen3_5_config(hidden=64, layers=4, k_heads=2, v_heads=4, head=32, attn_head
         architectures=["Qwen3_5ForCausalLM"], **kw))
 
 
-def qwen3_next_config(hidden=64, layers=4, head=32, **kw):
+def qwen3_next_config(hidden=64, layers=4, head=64, **kw):
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(**_common(
         hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, linear_conv_kernel_dim=4,
-        linear_key_head_dim=head, linear_value_head_dim=head, linear_num_key_heads=2,
-        linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=64, linear_conv_kernel_dim=4,
+        linear_key_head_dim=head, linear_value_head_dim=head, linear_num_key_heads=1,
+        linear_num_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=32, decoder_sparse_step=1,
         layer_types=[("full_attention" if i % 4 == 3 else "linear_attention")
                      for i in range(layers)],
@@ -64,7 +64,7 @@ def lfm2_config(hidden=64, layers=4, **kw):
     return Lfm2Config(**_common(
         hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=2, num_key_value_heads=1, conv_L_cache=3, conv_bias=False,
-        block_auto_adjust_ff_dim=False,
+        block_auto_adjust_ff_dim=False, conv_dim=hidden, block_dim=hidden,
         layer_types=[("full_attention" if i % 2 == 1 else "conv") for i in range(layers)],
         architectures=["Lfm2ForCausalLM"], **kw))
 

@@ -43,7 +43,20 @@ __all__ = ["SUPPORTED_VLLM", "calls", "enabled", "fallbacks", "patched", "regist
 
 SUPPORTED_VLLM = "0.32."
 
-logger = logging.getLogger("ssmk.vllm")
+
+def _logger():
+    """The plugin's logger with its own stderr handler: vLLM configures its logging only after it
+    loaded the general plugins, so its handlers are not there yet when the plugin reports."""
+    logger = logging.getLogger("ssmk.vllm")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [ssmk.vllm] %(message)s",
+                                               "%m-%d %H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
 
 _lock = threading.Lock()
 _registered = False
@@ -79,10 +92,12 @@ def register() -> None:
         if _registered:
             return
         _registered = True
+        import vllm
+
+        logger = _logger()
         if not enabled():
             logger.info("ssmk.vllm: disabled by SSMK_VLLM=%s", os.environ.get("SSMK_VLLM"))
             return
-        import vllm
 
         version = getattr(vllm, "__version__", "unknown")
         if not version.startswith(SUPPORTED_VLLM):

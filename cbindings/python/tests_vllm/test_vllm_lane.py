@@ -303,6 +303,36 @@ def check_family(family, results, models, chk):
                      f"num_cached_tokens {run['cached']} of {len(run['prompt'])}")
 
 
+REGISTRATION = r"""
+import os, sys, vllm
+case = sys.argv[1]
+if case == "old":
+    vllm.__version__ = "0.31.0"
+from vllm.plugins import load_general_plugins
+load_general_plugins()  # through the installed entry point
+import ssmk.vllm as sv
+print("PATCHED", ",".join(sv.patched()))
+"""
+ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,mamba2_prefill,mamba2_decode,batch_memcpy,"
+             "zero_blocks")
+
+
+def check_registration(chk):
+    """The entry point loads the plugin; SSMK_VLLM=0 and another vLLM version patch nothing."""
+    for case, env, patched, says in (
+            ("on", {}, ALL_SEAMS, "ssmk.vllm: libssmk"),
+            ("off", {"SSMK_VLLM": "0"}, "", "disabled by SSMK_VLLM=0"),
+            ("old", {}, "", "vLLM 0.31.0 is not supported")):
+        out = subprocess.run([sys.executable, "-c", REGISTRATION, case], capture_output=True,
+                             text=True, env=dict(os.environ, **env))
+        got = [ln[8:] for ln in out.stdout.splitlines() if ln.startswith("PATCHED ")]
+        text = out.stdout + out.stderr
+        chk.true(f"registration/{case}: patched [{patched}], log says '{says}' once",
+                 out.returncode == 0 and got == [patched] and text.count(says) == 1,
+                 f"exit {out.returncode}, patched {got}" + ("" if out.returncode == 0 else
+                                                             "\n" + out.stderr[-2000:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("command", nargs="?", default="all", choices=["all", "engine"])
@@ -319,6 +349,9 @@ def main():
     os.makedirs(models, exist_ok=True)
     chk = Checker()
     t0 = time.time()
+    check_registration(chk)
+    print("\n".join(chk.lines), flush=True)
+    chk.lines = []
     for family in args.families.split(","):
         results = {}
         modes = ["full", "chunked", "full-noplugin"]

@@ -69,13 +69,14 @@ def lfm2_config(hidden=64, layers=4, **kw):
         architectures=["Lfm2ForCausalLM"], **kw))
 
 
-def nemotron_h_config(hidden=64, pattern="M*M-", heads=4, head=16, state=16, groups=2, **kw):
+def nemotron_h_config(hidden=64, pattern="M*M-", heads=4, head=16, state=16, groups=2, expand=1,
+                      **kw):
     from transformers import NemotronHConfig
 
     return NemotronHConfig(**_common(
         hidden_size=hidden, hybrid_override_pattern=pattern, num_attention_heads=2,
         num_key_value_heads=1, head_dim=32, intermediate_size=2 * hidden, mamba_num_heads=heads,
-        mamba_head_dim=head, ssm_state_size=state, n_groups=groups, conv_kernel=4, expand=1,
+        mamba_head_dim=head, ssm_state_size=state, n_groups=groups, conv_kernel=4, expand=expand,
         chunk_size=32, mamba_ssm_cache_dtype="float32", architectures=["NemotronHForCausalLM"],
         **kw))
 

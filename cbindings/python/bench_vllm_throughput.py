@@ -32,9 +32,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPES = {
     "qwen3_5": dict(hidden=2048, layers=4, k_heads=16, v_heads=32, head=128, attn_head=128,
                     max_position_embeddings=4096),
-    "lfm2": dict(hidden=2048, layers=4, max_position_embeddings=4096),
+    "lfm2": dict(hidden=2048, layers=4, attn_heads=32, kv_heads=8, max_position_embeddings=4096),
     "nemotron_h": dict(hidden=2048, pattern="M*M-", heads=64, head=64, state=128, groups=8,
-                       expand=2, max_position_embeddings=4096),
+                       expand=2, attn_heads=16, kv_heads=8, attn_head=128,
+                       max_position_embeddings=4096),
 }
 
 

@@ -101,8 +101,8 @@ def register() -> None:
 
         version = getattr(vllm, "__version__", "unknown")
         if not version.startswith(SUPPORTED_VLLM):
-            logger.warning("ssmk.vllm: vLLM %s is not supported (ssmk targets %sx): nothing patched",
-                           version, SUPPORTED_VLLM)
+            logger.warning("ssmk.vllm: vLLM %s is not supported (ssmk targets %sx): "
+                           "nothing patched", version, SUPPORTED_VLLM)
             return
         from vllm.platforms import current_platform
 

@@ -22,7 +22,6 @@ Run: ``python test_vllm_lane.py [--families qwen3_5,lfm2] [--work DIR]``; exit s
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -253,7 +252,8 @@ def check_family(family, results, models, chk):
         bare = results.get(mode)
         if bare is not None:
             chk.true(f"{family}/{mode}: nothing patched, no ssmk call",
-                     not bare["patched"] and not bare["calls"], f"{bare['patched']} {bare['calls']}")
+                     not bare["patched"] and not bare["calls"],
+                     f"{bare['patched']} {bare['calls']}")
 
     names = sorted(full["runs"])
     ref = dict(zip(names, hf_logprobs(path, [full["runs"][n]["prompt"] + full["runs"][n]["tokens"]
@@ -376,7 +376,8 @@ def main():
             with open(out) as f:
                 results[mode] = json.load(f)
             r = results[mode]
-            print(f"{family}/{mode}: engine {r['engine_s']:.1f} s, generate {r['generate_s']:.1f} s,"
+            print(f"{family}/{mode}: engine {r['engine_s']:.1f} s, "
+                  f"generate {r['generate_s']:.1f} s,"
                   f" calls {r['calls']}", flush=True)
         if "full" in results and "chunked" in results:
             check_family(family, results, models, chk)

@@ -58,24 +58,25 @@ def qwen3_next_config(hidden=64, layers=4, head=64, **kw):
         architectures=["Qwen3NextForCausalLM"], **kw))
 
 
-def lfm2_config(hidden=64, layers=4, **kw):
+def lfm2_config(hidden=64, layers=4, attn_heads=2, kv_heads=1, **kw):
     from transformers import Lfm2Config
 
     return Lfm2Config(**_common(
         hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, conv_L_cache=3, conv_bias=False,
-        block_auto_adjust_ff_dim=False, conv_dim=hidden, block_dim=hidden,
+        num_attention_heads=attn_heads, num_key_value_heads=kv_heads, conv_L_cache=3,
+        conv_bias=False, block_auto_adjust_ff_dim=False, conv_dim=hidden, block_dim=hidden,
         layer_types=[("full_attention" if i % 2 == 1 else "conv") for i in range(layers)],
         architectures=["Lfm2ForCausalLM"], **kw))
 
 
 def nemotron_h_config(hidden=64, pattern="M*M-", heads=4, head=16, state=16, groups=2, expand=1,
-                      **kw):
+                      attn_heads=2, kv_heads=1, attn_head=32, **kw):
     from transformers import NemotronHConfig
 
     return NemotronHConfig(**_common(
-        hidden_size=hidden, hybrid_override_pattern=pattern, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, intermediate_size=2 * hidden, mamba_num_heads=heads,
+        hidden_size=hidden, hybrid_override_pattern=pattern, num_attention_heads=attn_heads,
+        num_key_value_heads=kv_heads, head_dim=attn_head, intermediate_size=2 * hidden,
+        mamba_num_heads=heads,
         mamba_head_dim=head, ssm_state_size=state, n_groups=groups, conv_kernel=4, expand=expand,
         chunk_size=32, mamba_ssm_cache_dtype="float32", architectures=["NemotronHForCausalLM"],
         **kw))

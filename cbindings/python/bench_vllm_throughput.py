@@ -49,6 +49,10 @@ def child(args):
         torch.cpu._is_avx512_bf16_supported = lambda: False
         torch.cpu._is_amx_tile_supported = lambda: False
     torch.set_num_threads(args.threads)
+    if args.ssmk_threads:
+        import ssmk.torch
+
+        ssmk.torch.set_num_threads(args.ssmk_threads)
     sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
     import tiny_models
 
@@ -97,6 +101,8 @@ def main():
     ap.add_argument("--out-len", type=int, default=64)
     ap.add_argument("--vllm-isa", default="avx2", choices=["avx2", "native"])
     ap.add_argument("--models", default="/tmp/ssmk-vllm-bench-models")
+    ap.add_argument("--ssmk-threads", type=int, default=0,
+                    help="threads of ssmk's calls (default: torch.get_num_threads() at each call)")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--family")
     ap.add_argument("--batch", type=int)
@@ -121,7 +127,8 @@ def main():
                     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--family",
                            family, "--threads", threads, "--batch", batch, "--prompt-len",
                            str(args.prompt_len), "--out-len", str(args.out_len), "--vllm-isa",
-                           args.vllm_isa, "--models", args.models]
+                           args.vllm_isa, "--models", args.models, "--ssmk-threads",
+                           str(args.ssmk_threads)]
                     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
                     line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
                     if out.returncode != 0 or not line:

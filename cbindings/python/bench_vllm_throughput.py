@@ -1,0 +1,155 @@
+"""vLLM offline throughput with and without the ssmk plugin (a script, not a test).
+
+Random-weight models of realistic layer sizes, built locally (tests_vllm/tiny_models.py):
+
+* ``qwen3_5``: hidden 2048, Gated DeltaNet 16 q/k heads and 32 v heads of 128, conv width 4,
+  3 GDN layers : 1 attention layer, 4 layers (bf16);
+* ``lfm2``: hidden 2048, ShortConv and attention layers alternating, ``conv_L_cache`` 3 (f32);
+* ``nemotron_h``: hidden 2048, Mamba-2 64 heads of 64, state 128, 8 groups, ``M*M-`` (f32).
+
+Measures prompt tokens/s (``max_tokens=1`` on ``--prompt-len`` token prompts) and output tokens/s
+(``--out-len`` tokens after a 16-token prompt, decode time only) at each batch size and thread
+count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``).
+
+``--vllm-isa avx2`` (default) makes vLLM pick its AVX2 build (``_C_AVX2.abi3.so``) and its AVX2
+code paths on an AVX-512 machine, by answering False to torch's AVX-512/AMX capability queries
+before vLLM reads them; ssmk is capped the same way (``SSMK_MAX_ISA=avx2``). ``native`` leaves both
+alone. Run with the venv of ``.ci/vllm-lane``::
+
+    target/py-vllm/bin/python cbindings/python/bench_vllm_throughput.py --families qwen3_5 \\
+        --threads 1,2 --batches 1,16
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+SHAPES = {
+    "qwen3_5": dict(hidden=2048, layers=4, k_heads=16, v_heads=32, head=128, attn_head=128,
+                    max_position_embeddings=4096),
+    "lfm2": dict(hidden=2048, layers=4, attn_heads=32, kv_heads=8, max_position_embeddings=4096),
+    "nemotron_h": dict(hidden=2048, pattern="M*M-", heads=64, head=64, state=128, groups=8,
+                       expand=2, attn_heads=16, kv_heads=8, attn_head=128,
+                       max_position_embeddings=4096),
+}
+
+
+def child(args):
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    import torch
+
+    if args.vllm_isa == "avx2":
+        torch.cpu._is_avx512_supported = lambda: False
+        torch.cpu._is_avx512_bf16_supported = lambda: False
+        torch.cpu._is_amx_tile_supported = lambda: False
+    torch.set_num_threads(args.threads)
+    if args.ssmk_threads:
+        import ssmk.torch
+
+        ssmk.torch.set_num_threads(args.ssmk_threads)
+    sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
+    import tiny_models
+
+    kw = dict(SHAPES[args.family])
+    path, dtype = tiny_models.build(args.family, args.models, **kw)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(path, dtype=str(dtype).split(".")[1], enforce_eager=True,
+              max_model_len=args.prompt_len + 128, max_num_seqs=max(args.batch, 1),
+              max_num_batched_tokens=args.prompt_len * args.batch, enable_prefix_caching=False,
+              seed=0)
+    import random
+
+    rng = random.Random(args.batch)
+
+    def prompts(n):
+        return [TokensPrompt(prompt_token_ids=[rng.randrange(3, 256) for _ in range(n)])
+                for _ in range(args.batch)]
+
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts(64), one, use_tqdm=False)  # warm-up
+    t = time.perf_counter()
+    llm.generate(prompts(args.prompt_len), one, use_tqdm=False)
+    prefill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    llm.generate(prompts(16), one, use_tqdm=False)
+    short_s = time.perf_counter() - t
+    many = SamplingParams(max_tokens=args.out_len, temperature=0.0, ignore_eos=True)
+    t = time.perf_counter()
+    llm.generate(prompts(16), many, use_tqdm=False)
+    decode_s = time.perf_counter() - t - short_s  # minus the prefill + first token
+    import ssmk.vllm as sv
+
+    print(json.dumps({"prefill_tok_s": args.batch * args.prompt_len / prefill_s,
+                      "decode_tok_s": args.batch * (args.out_len - 1) / decode_s,
+                      "calls": sv.calls()}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", default="qwen3_5,lfm2,nemotron_h")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--prompt-len", type=int, default=2048)
+    ap.add_argument("--out-len", type=int, default=64)
+    ap.add_argument("--vllm-isa", default="avx2", choices=["avx2", "native"])
+    ap.add_argument("--models", default="/tmp/ssmk-vllm-bench-models")
+    ap.add_argument("--ssmk-threads", type=int, default=0,
+                    help="threads of ssmk's calls (default: torch.get_num_threads() at each call)")
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--family")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--json")
+    args, _ = ap.parse_known_args()
+    if args.child:
+        args.threads = int(args.threads)
+        return child(args)
+    rows = []
+    print("| family | threads | batch | prompt tok/s vLLM | + ssmk | ratio | output tok/s vLLM "
+          "| + ssmk | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for family in args.families.split(","):
+        for threads in args.threads.split(","):
+            for batch in args.batches.split(","):
+                res = {}
+                for plugin in ("0", "1"):
+                    env = dict(os.environ, SSMK_VLLM=plugin, OMP_NUM_THREADS=threads,
+                               SSMK_NUM_THREADS=threads)
+                    if args.vllm_isa == "avx2":
+                        env["SSMK_MAX_ISA"] = "avx2"
+                    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--family",
+                           family, "--threads", threads, "--batch", batch, "--prompt-len",
+                           str(args.prompt_len), "--out-len", str(args.out_len), "--vllm-isa",
+                           args.vllm_isa, "--models", args.models, "--ssmk-threads",
+                           str(args.ssmk_threads)]
+                    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                    line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+                    if out.returncode != 0 or not line:
+                        print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
+                        raise SystemExit(f"{family} threads={threads} batch={batch} "
+                                         f"SSMK_VLLM={plugin} failed")
+                    res[plugin] = json.loads(line[-1])
+                base, mine = res["0"], res["1"]
+                row = dict(family=family, threads=int(threads), batch=int(batch),
+                           prefill=(base["prefill_tok_s"], mine["prefill_tok_s"]),
+                           decode=(base["decode_tok_s"], mine["decode_tok_s"]),
+                           calls=mine["calls"])
+                rows.append(row)
+                p, d = row["prefill"], row["decode"]
+                print(f"| {family} | {threads} | {batch} | {p[0]:.0f} | {p[1]:.0f} | "
+                      f"{p[1] / p[0]:.2f}x | {d[0]:.1f} | {d[1]:.1f} | {d[1] / d[0]:.2f}x |",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

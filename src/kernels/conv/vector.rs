@@ -221,7 +221,7 @@ unsafe fn silu_rows<S: Simd, A: SimdElement, const R: usize>(acc: &mut [S::V; R]
         let mut t = [S::zero(); R];
         let mut f = [S::zero(); R];
         for r in 0..R {
-            let x = S::min(S::max(acc[r], S::splat(-88.75)), S::splat(87.0));
+            let x = S::clamp(acc[r], -88.75, 87.0);
             t[r] = S::fma(x, neg_log2e, magic);
             let n = S::sub(t[r], magic);
             f[r] = S::fms(x, neg_log2e, n);

@@ -1,7 +1,8 @@
 //! The SIMD driver: splits a call into recurrent, chunked and padded work and runs it on the
 //! context's threads with the entry points of one instruction set. The kernel bodies are generic
-//! over [`crate::kernels::simd::Simd`]; each ISA only instantiates them under its `#[target_feature]` with
-//! [`mamba2_entry_points!`], in its architecture's file (`x86.rs`, `aarch64.rs`).
+//! over [`crate::kernels::simd::Simd`]; each ISA only instantiates them under its
+//! `#[target_feature]` with `mamba2_entry_points!`, in its architecture's file (`x86.rs`,
+//! `aarch64.rs`).
 
 use super::chunked::Layout;
 use super::{CHUNK, RECURRENT_MAX_LEN, Scan, recurrent};

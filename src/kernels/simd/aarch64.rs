@@ -11,7 +11,8 @@
 //! as `asm!`.
 //!
 //! Comparisons follow x86 where the kernels depend on it: `max`/`min` return the second operand
-//! when either is NaN (as `maxps`/`minps`), so a clamp behaves the same on every ISA.
+//! when either is NaN (as `maxps`/`minps`), and `clamp` returns the lower bound for NaN, so clamps
+//! behave the same on every ISA.
 
 // Every method below is a thin wrapper over intrinsics whose only precondition is the ISA, which
 // the `Simd` contract already puts on the caller; per-call `unsafe` blocks would add only noise.
@@ -210,6 +211,16 @@ impl Simd for Neon {
     #[inline(always)]
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V {
         both!(min_x86(a, b))
+    }
+    /// `fmaxnm` returns `lo` for a NaN `x` and `fminnm` then `lo` too, as x86's rule gives; the
+    /// constants are neither NaN nor zero, so no other case differs.
+    #[inline(always)]
+    unsafe fn clamp(x: Self::V, lo: f32, hi: f32) -> Self::V {
+        let (lo, hi) = (vdupq_n_f32(lo), vdupq_n_f32(hi));
+        [
+            vminnmq_f32(vmaxnmq_f32(x[0], lo), hi),
+            vminnmq_f32(vmaxnmq_f32(x[1], lo), hi),
+        ]
     }
     #[inline(always)]
     unsafe fn reduce_sum(a: Self::V) -> f32 {

@@ -1,9 +1,10 @@
 //! The inner loops of ssmk's main kernels, written as the kernels write them (the crate's `Simd`
 //! trait, linked from the built library), for llvm-mca's cycle model: `.ci/mca/run` compiles them
 //! to assembly for aarch64 (NEON, and the same math in scalar f32) and x86-64 (AVX2) and reports
-//! modelled cycles per element. Each function processes `BLOCK` elements in straight-line code (its
-//! loops have constant trip counts and unroll), so its body is one iteration of the kernel's loop;
-//! the GEMM tile keeps its accumulators in registers across the depth loop, whose body is measured.
+//! modelled cycles per element. Each function runs a block of `BLOCK` elements (its inner loops
+//! have constant trip counts and unroll) per iteration of a loop over blocks, whose body is what
+//! llvm-mca measures; the GEMM tile keeps its accumulators in registers across its depth loop,
+//! whose body is measured.
 #![allow(clippy::missing_safety_doc, unsafe_op_in_unsafe_fn)]
 
 use half::bf16;
@@ -129,6 +130,16 @@ unsafe fn exp_row<S: Simd>(x: *mut f32) {
     }
 }
 
+/// [`ssmk::dtype::f32_to_bf16_bits`] with a select for NaN rather than a branch, which llvm-mca,
+/// reading straight-line code, would count both sides of.
+#[inline(always)]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    let quiet = ((b >> 16) | 0x0040) as u16;
+    std::hint::select_unpredictable(x.is_nan(), quiet, rounded)
+}
+
 /// One lane per instruction: the same kernels as plain scalar f32 code (the vectorizers are off
 /// in `.ci/mca/run`), the baseline the SIMD variants are compared with.
 #[derive(Clone, Copy)]
@@ -181,7 +192,7 @@ impl Simd for Scalar {
         f32::from_bits((*p as u32) << 16)
     }
     unsafe fn store_bf16(p: *mut u16, v: f32) {
-        *p = ssmk::dtype::f32_to_bf16_bits(v)
+        *p = bf16_bits(v)
     }
     unsafe fn load_f16(p: *const u16) -> f32 {
         half::f16::from_bits(*p).to_f32()
@@ -190,7 +201,7 @@ impl Simd for Scalar {
         *p = half::f16::from_f32(v).to_bits()
     }
     unsafe fn round_bf16(v: f32) -> f32 {
-        f32::from_bits((ssmk::dtype::f32_to_bf16_bits(v) as u32) << 16)
+        f32::from_bits((bf16_bits(v) as u32) << 16)
     }
     unsafe fn round_f16(v: f32) -> f32 {
         half::f16::from_f32(v).to_f32()
@@ -211,11 +222,15 @@ impl Simd for Scalar {
     }
 }
 
-/// Exported, never-inlined instances of every loop for one ISA, named `<isa>_<loop>`.
+/// Exported, never-inlined instances of every loop for one ISA, named `<isa>_<loop>`. Each but the
+/// GEMM runs its block `n` times at advancing addresses, so llvm-mca sees the block as the body of a
+/// loop, its constants hoisted as in the kernels.
 macro_rules! instantiate {
     ($isa:ident, $S:ty, $features:literal) => {
         pub mod $isa {
             use super::*;
+            /// Elements between the blocks of consecutive iterations, in every array.
+            const STEP: usize = 4 * BLOCK;
             #[unsafe(export_name = concat!(stringify!($isa), "_gemm"))]
             #[target_feature(enable = $features)]
             pub unsafe fn gemm(
@@ -229,17 +244,36 @@ macro_rules! instantiate {
             }
             #[unsafe(export_name = concat!(stringify!($isa), "_conv_decode"))]
             #[target_feature(enable = $features)]
-            pub unsafe fn conv(st: *mut bf16, x: *const bf16, w: *const f32, out: *mut bf16) {
-                conv_decode::<$S>(st, x, w, out)
+            pub unsafe fn conv(
+                n: usize,
+                st: *mut bf16,
+                x: *const bf16,
+                w: *const f32,
+                out: *mut bf16,
+            ) {
+                for i in 0..n {
+                    let o = i * STEP;
+                    conv_decode::<$S>(st.add(o), x.add(o), w.add(o), out.add(o))
+                }
             }
             #[unsafe(export_name = concat!(stringify!($isa), "_short_conv_gates"))]
             #[target_feature(enable = $features)]
-            pub unsafe fn gates(bcx: *const bf16, y: *const f32, gin: *mut bf16, out: *mut bf16) {
-                short_conv_gates::<$S>(bcx, y, gin, out)
+            pub unsafe fn gates(
+                n: usize,
+                bcx: *const bf16,
+                y: *const f32,
+                gin: *mut bf16,
+                out: *mut bf16,
+            ) {
+                for i in 0..n {
+                    let o = i * STEP;
+                    short_conv_gates::<$S>(bcx.add(o), y.add(o), gin.add(o), out.add(o))
+                }
             }
             #[unsafe(export_name = concat!(stringify!($isa), "_delta_rule_row"))]
             #[target_feature(enable = $features)]
             pub unsafe fn delta(
+                n: usize,
                 s: *mut f32,
                 d: *const f32,
                 acc: *mut f32,
@@ -248,11 +282,15 @@ macro_rules! instantiate {
                 q: f32,
                 a: f32,
             ) {
-                delta_rule_row::<$S>(s, d, acc, o, k, q, a)
+                for i in 0..n {
+                    let x = i * STEP;
+                    delta_rule_row::<$S>(s.add(x), d.add(x), acc.add(x), o.add(x), k, q, a)
+                }
             }
             #[unsafe(export_name = concat!(stringify!($isa), "_mamba2_row"))]
             #[target_feature(enable = $features)]
             pub unsafe fn mamba2(
+                n: usize,
                 h: *mut f32,
                 b: *const f32,
                 c: *const f32,
@@ -260,12 +298,17 @@ macro_rules! instantiate {
                 a: f32,
                 dtx: f32,
             ) {
-                mamba2_row::<$S>(h, b, c, y, a, dtx)
+                for i in 0..n {
+                    let o = i * STEP;
+                    mamba2_row::<$S>(h.add(o), b.add(o), c.add(o), y.add(i), a, dtx)
+                }
             }
             #[unsafe(export_name = concat!(stringify!($isa), "_exp_row"))]
             #[target_feature(enable = $features)]
-            pub unsafe fn exp(x: *mut f32) {
-                exp_row::<$S>(x)
+            pub unsafe fn exp(n: usize, x: *mut f32) {
+                for i in 0..n {
+                    exp_row::<$S>(x.add(i * STEP))
+                }
             }
         }
     };

@@ -836,9 +836,10 @@ const char *ssmk_last_error_message(void);
 const char *ssmk_version(void);
 
 /**
- * Instruction set the kernels use: "scalar", "avx2" (AVX2 + FMA + F16C) or "avx512". Detected
- * once per process; the environment variable `SSMK_MAX_ISA=scalar|avx2|avx512` read at that
- * moment may lower it, never raise it.
+ * Instruction set the kernels use: "scalar", "avx2" (AVX2 + FMA + F16C) or "avx512" on x86-64,
+ * "scalar" or "neon" on aarch64. Detected once per process; the environment variable
+ * `SSMK_MAX_ISA=scalar|avx2|avx512|neon` read at that moment may lower it, never raise it (a
+ * level of another architecture lowers it to "scalar").
  *
  * @return a static NUL-terminated string, never NULL. Thread-safe.
  */

@@ -7,15 +7,27 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 /// Instruction-set levels, ordered: a kernel table picks the best entry `<=` the active level.
+/// Levels of different architectures never meet on one CPU (a level above the detected one is
+/// capped to it), so their relative order only has to keep each architecture's levels in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// Portable Rust that LLVM may auto-vectorise for the build target.
     Scalar,
-    /// AVX2 + FMA + F16C.
+    /// AVX2 + FMA + F16C (x86-64).
     Avx2,
-    /// AVX-512 F/BW/VL/DQ (plus AVX2/FMA/F16C).
+    /// AVX-512 F/BW/VL/DQ (plus AVX2/FMA/F16C) (x86-64).
     Avx512,
+    /// NEON (Advanced SIMD) with f32 FMA (aarch64).
+    Neon,
 }
+
+/// The levels of the build target's architecture, lowest first.
+#[cfg(target_arch = "x86_64")]
+const LEVELS: &[Isa] = &[Isa::Scalar, Isa::Avx2, Isa::Avx512];
+#[cfg(target_arch = "aarch64")]
+const LEVELS: &[Isa] = &[Isa::Scalar, Isa::Neon];
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const LEVELS: &[Isa] = &[Isa::Scalar];
 
 impl Isa {
     pub fn name(self) -> &'static str {
@@ -23,6 +35,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
@@ -31,6 +44,7 @@ impl Isa {
             "scalar" => Some(Isa::Scalar),
             "avx2" => Some(Isa::Avx2),
             "avx512" => Some(Isa::Avx512),
+            "neon" => Some(Isa::Neon),
             _ => None,
         }
     }
@@ -41,16 +55,25 @@ impl Isa {
         *DETECTED.get_or_init(detect)
     }
 
-    /// What the kernels use: the detected level, lowered (never raised) by `SSMK_MAX_ISA`.
-    /// Frozen at first use, so one process never mixes levels.
+    /// What the kernels use: the detected level, lowered (never raised) by `SSMK_MAX_ISA`. A level
+    /// of another architecture lowers it to the portable code. Frozen at first use, so one
+    /// process never mixes levels.
     pub fn active() -> Isa {
         static ACTIVE: OnceLock<Isa> = OnceLock::new();
         *ACTIVE.get_or_init(|| {
             let cap = std::env::var("SSMK_MAX_ISA")
                 .ok()
                 .and_then(|s| Isa::parse(&s));
-            cap.map_or(Isa::detected(), |c| c.min(Isa::detected()))
+            cap.map_or(Isa::detected(), |c| c.for_this_cpu())
         })
+    }
+
+    /// `self` capped at what this CPU runs; a level of another architecture is `Scalar`.
+    pub fn for_this_cpu(self) -> Isa {
+        match LEVELS.contains(&self) {
+            true => self.min(Isa::detected()),
+            false => Isa::Scalar,
+        }
     }
 
     /// The level this thread's calls dispatch to: the one [`with_isa`] forces, else
@@ -61,8 +84,9 @@ impl Isa {
 
     /// Every level this CPU can run, lowest first (for tests and benchmarks).
     pub fn supported() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
-            .into_iter()
+        LEVELS
+            .iter()
+            .copied()
             .filter(|&i| i <= Isa::detected())
             .collect()
     }
@@ -76,10 +100,11 @@ impl Isa {
         let Ok(name) = std::env::var("SSMK_TEST_ISA") else {
             return Isa::supported();
         };
-        let wanted = Isa::parse(&name)
-            .unwrap_or_else(|| panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2 or avx512"));
+        let wanted = Isa::parse(&name).unwrap_or_else(|| {
+            panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2, avx512 or neon")
+        });
         assert!(
-            wanted <= Isa::active(),
+            wanted.for_this_cpu() == wanted && wanted <= Isa::active(),
             "SSMK_TEST_ISA = {name}, but this CPU runs {} (detected {})",
             Isa::active().name(),
             Isa::detected().name()
@@ -107,7 +132,15 @@ fn detect() -> Isa {
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(target_arch = "aarch64")]
+fn detect() -> Isa {
+    match std::arch::is_aarch64_feature_detected!("neon") {
+        true => Isa::Neon,
+        false => Isa::Scalar,
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect() -> Isa {
     Isa::Scalar
 }
@@ -142,7 +175,7 @@ fn with_thread_local<T: Copy + 'static, R>(
 /// the same validation and dispatch as any caller. The level is chosen on the calling thread
 /// before any task starts, so it holds for work spread over a context's pool too.
 pub fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
-    with_thread_local(&FORCED_ISA, Some(isa.min(Isa::detected())), f)
+    with_thread_local(&FORCED_ISA, Some(isa.for_this_cpu()), f)
 }
 
 /// Runs `f` with every conv and ShortConv call it makes on this thread spreading its tasks over
@@ -284,5 +317,11 @@ mod tests {
         assert_eq!(Isa::parse("AVX2"), Some(Isa::Avx2));
         assert_eq!(Isa::parse("sse"), None);
         assert_eq!(Isa::supported()[0], Isa::Scalar);
+        assert!(Isa::supported().iter().all(|&i| i.for_this_cpu() == i));
+        assert_eq!(Isa::parse("neon"), Some(Isa::Neon));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(Isa::Neon.for_this_cpu(), Isa::Scalar);
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(Isa::Avx512.for_this_cpu(), Isa::Scalar);
     }
 }

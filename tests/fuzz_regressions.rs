@@ -124,6 +124,8 @@ fn delta_rule_outputs_must_not_overlap_sequence_tables() {
                     0.0,
                     -1,
                     &mut od,
+                    null(),
+                    null(),
                 )
             };
             let output = if over_state { "state" } else { "out" };
@@ -172,6 +174,8 @@ fn mamba2_outputs_must_not_overlap_sequence_tables() {
                     seqs.ptr(3),
                     -1,
                     &mut od,
+                    null(),
+                    null(),
                 )
             };
             let output = if over_state { "state" } else { "out" };
@@ -201,7 +205,7 @@ fn every_isa_kda_gates_keep_nan() {
     }
     for lower_bound in [0.0f32, -5.0] {
         let run = |isa: Isa| {
-            let mut g = Tensor::zeros(DType::F32, &[n, hv, k]);
+            let g = Tensor::zeros(DType::F32, &[n, hv, k]);
             let mut gd = g.desc();
             let code = with_isa(isa, || unsafe {
                 ssmk_kda_gating(

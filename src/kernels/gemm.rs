@@ -210,6 +210,9 @@ unsafe fn scalar_columns(
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "aarch64")]
+    use crate::kernels::simd::Neon;
+    #[cfg(target_arch = "x86_64")]
     use crate::kernels::simd::{Avx2, Avx512};
     use crate::runtime::Isa;
 
@@ -236,12 +239,16 @@ mod tests {
             }
         };
     }
+    #[cfg(target_arch = "x86_64")]
     gemm_for!(gemm_avx2, Avx2, "avx2,fma,f16c");
+    #[cfg(target_arch = "x86_64")]
     gemm_for!(
         gemm_avx512,
         Avx512,
         "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
     );
+    #[cfg(target_arch = "aarch64")]
+    gemm_for!(gemm_neon, Neon, "neon");
 
     /// Every shape class (full tiles, row/column remainders, transposed A, lower A, each start of
     /// C) against a plain triple loop.
@@ -250,8 +257,14 @@ mod tests {
         for isa in Isa::under_test() {
             match isa {
                 Isa::Scalar => {}
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => check_against_naive(gemm_avx2),
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => check_against_naive(gemm_avx512),
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => check_against_naive(gemm_neon),
+                #[allow(unreachable_patterns)]
+                other => panic!("no GEMM of {other:?} on this architecture"),
             }
         }
     }
@@ -339,6 +352,7 @@ mod tests {
     }
 
     /// Throughput of the 64 x 128 x 128 shape (`cargo test --release gemm_speed -- --ignored`).
+    #[cfg(target_arch = "x86_64")]
     #[test]
     #[ignore]
     fn gemm_speed() {

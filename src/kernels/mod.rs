@@ -4,7 +4,7 @@
 pub mod chunking;
 pub mod conv;
 pub mod gdn;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) mod gemm;
 pub mod mamba2;
 pub mod memory;

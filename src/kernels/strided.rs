@@ -123,32 +123,50 @@ pub unsafe fn store_row(p: *mut u8, dtype: DType, stride: usize, src: &[f32]) {
 /// apart, where the hardware prefetchers stop. Never faults, whatever the address.
 #[inline(always)]
 pub(crate) fn prefetch(p: *const u8, bytes: usize) {
-    prefetch_lines::<PREFETCH_L1>(p, bytes)
+    prefetch_lines::<false>(p, bytes)
 }
 
 /// Like [`prefetch`], into L2 only (for data needed a while later).
 #[inline(always)]
 pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
-    prefetch_lines::<PREFETCH_L2>(p, bytes)
+    prefetch_lines::<true>(p, bytes)
 }
 
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_L1: i32 = std::arch::x86_64::_MM_HINT_T0;
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_L2: i32 = std::arch::x86_64::_MM_HINT_T1;
-#[cfg(not(target_arch = "x86_64"))]
-const PREFETCH_L1: i32 = 0;
-#[cfg(not(target_arch = "x86_64"))]
-const PREFETCH_L2: i32 = 0;
-
-/// Prefetches every line of `[p, p + bytes)` with hint `HINT`.
+/// Prefetches every line of `[p, p + bytes)` into L1, or into L2 only with `L2`.
 #[inline(always)]
-fn prefetch_lines<const HINT: i32>(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
+fn prefetch_lines<const L2: bool>(p: *const u8, bytes: usize) {
     for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch is a hint; it never faults.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(off).cast()) };
+        prefetch_line::<L2>(p.wrapping_add(off));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
+}
+
+/// Asks for the cache line holding `p` into L1, or into L2 only with `L2`: a hint that never
+/// faults, whatever the address (a no-op where no instruction is known).
+#[inline(always)]
+pub(crate) fn prefetch_line<const L2: bool>(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
+        // SAFETY: prefetch is SSE (baseline on x86_64) and does not access memory architecturally.
+        unsafe {
+            match L2 {
+                false => _mm_prefetch::<_MM_HINT_T0>(p.cast()),
+                true => _mm_prefetch::<_MM_HINT_T1>(p.cast()),
+            }
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `prfm` is a hint (ARMv8.0); it does not access memory architecturally.
+    unsafe {
+        match L2 {
+            false => {
+                std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+            }
+            true => {
+                std::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+            }
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
 }

@@ -178,21 +178,25 @@ pub fn time_beside_peak_and(
 
 /// One timing of the FMA loop (a few ms), as GFLOP/s.
 fn fma_peak_once() -> f64 {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
-        use ssmk::kernels::simd::{Avx2, Avx512, Simd};
+        use ssmk::kernels::simd::Simd;
         use ssmk::runtime::Isa;
         const ITERS: usize = 1 << 20;
         let (run, lanes): (unsafe fn(usize) -> f32, usize) = match Isa::active() {
-            Isa::Avx512 => (fma_loop_avx512, Avx512::LANES),
-            Isa::Avx2 => (fma_loop_avx2, Avx2::LANES),
-            Isa::Scalar => return f64::NAN,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => (fma_loop_avx512, ssmk::kernels::simd::Avx512::LANES),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => (fma_loop_avx2, ssmk::kernels::simd::Avx2::LANES),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => (fma_loop_neon, ssmk::kernels::simd::Neon::LANES),
+            _ => return f64::NAN,
         };
         let t = Instant::now();
         std::hint::black_box(unsafe { run(std::hint::black_box(ITERS)) });
         (ITERS * FMA_CHAINS * lanes * 2) as f64 / t.elapsed().as_secs_f64() / 1e9
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         f64::NAN
     }
@@ -202,7 +206,7 @@ fn fma_peak_once() -> f64 {
 /// throughput.
 const FMA_CHAINS: usize = 10;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[inline(always)]
 unsafe fn fma_loop<S: ssmk::kernels::simd::Simd>(iters: usize) -> f32 {
     use std::hint::black_box;
@@ -229,6 +233,12 @@ unsafe fn fma_loop_avx2(iters: usize) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn fma_loop_avx512(iters: usize) -> f32 {
     unsafe { fma_loop::<ssmk::kernels::simd::Avx512>(iters) }
+}
+
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn fma_loop_neon(iters: usize) -> f32 {
+    unsafe { fma_loop::<ssmk::kernels::simd::Neon>(iters) }
 }
 
 /// What a row's throughput counts.

@@ -13,8 +13,16 @@
 //! for any thread count and any batch composition.
 
 pub mod reference;
-#[cfg(target_arch = "x86_64")]
+
+// Before the architecture files: they instantiate its `conv_entry_points!`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[macro_use]
 mod vector;
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::sync::OnceLock;
 
@@ -300,13 +308,13 @@ pub type ConvFn = fn(&Context, &Problem);
 
 /// The conv implementation for `isa` (the best one at or below it, never above the CPU's).
 pub fn conv_fn(isa: Isa) -> ConvFn {
-    match isa.min(Isa::detected()) {
-        Isa::Scalar => run_reference,
+    match isa.for_this_cpu() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => run_avx2,
+        Isa::Avx2 => x86::avx2::run,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => run_avx512,
-        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx512 => x86::avx512::run,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => aarch64::neon::run,
         _ => run_reference,
     }
 }
@@ -382,27 +390,8 @@ fn run_reference(ctx: &Context, p: &Problem) {
     ctx.for_each(p.seqs.len(), |b| unsafe { reference::sequence(p, b) });
 }
 
-#[cfg(target_arch = "x86_64")]
-fn run_avx2(ctx: &Context, p: &Problem) {
-    let task = if p.gates.is_some() {
-        vector::task_gated_avx2
-    } else {
-        vector::task_avx2
-    };
-    run_tasks(ctx, p, task)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn run_avx512(ctx: &Context, p: &Problem) {
-    let task = if p.gates.is_some() {
-        vector::task_gated_avx512
-    } else {
-        vector::task_avx512
-    };
-    run_tasks(ctx, p, task)
-}
-
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// Runs `p` with `task`, one ISA's entry point, on the context's threads.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn run_tasks(ctx: &Context, p: &Problem, task: TaskFn) {
     if !p.channels_contiguous() {
         // Strided channels: the portable path is correct for any layout.

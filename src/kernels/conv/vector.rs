@@ -18,15 +18,13 @@
 //! last full vector take a scalar path with the same order of multiply-adds. ShortConv's gated
 //! inputs are computed once: a tile keeps its last `W-1` for the next ([`KeptCursor`]).
 
-use half::{bf16, f16};
-
 use super::reference::output as scalar_output;
 use super::{MAX_WIDTH, Piece, Plan, Problem, Seq, StateUpdate};
 use crate::dtype::DType;
-use crate::kernels::simd::{Avx2, Avx2Pairs, Avx512, Simd, SimdElement};
+use crate::kernels::simd::{Simd, SimdElement};
 
 /// Widest vector supported (AVX-512, f32 lanes).
-const MAX_LANES: usize = 16;
+pub(super) const MAX_LANES: usize = 16;
 /// Tokens per tile: their windows share `W-1` inputs, and four silu chains keep the FMA units busy
 /// while the window and accumulators still fit in sixteen registers.
 const TILE_ROWS: usize = 4;
@@ -40,7 +38,7 @@ const MAX_WINDOW: usize = MAX_WIDTH - 1 + TILE_ROWS;
 /// ShortConv; 4: Mamba-2's and Qwen3-Next's convs), whose tap and window loops unroll into
 /// registers; an instance per rare width cost more compile time and code than all the rest of the
 /// crate for calls no model makes.
-const ANY_WIDTH: usize = 0;
+pub(super) const ANY_WIDTH: usize = 0;
 
 /// The conv width of the instance for `W`: `W` itself, or the problem's for [`ANY_WIDTH`].
 #[inline(always)]
@@ -93,8 +91,7 @@ pub trait RowIo: Sync {
 /// Asks for the cache line holding `p` (never faults; a hint only).
 #[inline(always)]
 fn prefetch<T>(p: *const T) {
-    // SAFETY: prefetch is SSE (baseline on x86_64) and does not access memory architecturally.
-    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast()) }
+    crate::kernels::strided::prefetch_line::<false>(p.cast())
 }
 
 /// The plain conv: input = x, output = the conv's result.
@@ -176,7 +173,7 @@ impl RowIo for Gated {
 }
 
 /// The row transform of a problem: plain, or ShortConv's gates.
-fn gated(p: &Problem) -> Gated {
+pub(super) fn gated(p: &Problem) -> Gated {
     let g = p.gates.expect("gated task on an ungated problem");
     Gated {
         b_back: g.b_back,
@@ -224,7 +221,7 @@ unsafe fn silu_rows<S: Simd, A: SimdElement, const R: usize>(acc: &mut [S::V; R]
         let mut t = [S::zero(); R];
         let mut f = [S::zero(); R];
         for r in 0..R {
-            let x = S::min(S::max(acc[r], S::splat(-88.75)), S::splat(87.0));
+            let x = S::clamp(acc[r], -88.75, 87.0);
             t[r] = S::fma(x, neg_log2e, magic);
             let n = S::sub(t[r], magic);
             f[r] = S::fms(x, neg_log2e, n);
@@ -441,12 +438,18 @@ fn source<A, St>(p: &Problem, s: &Seq, rel: isize) -> Source<St> {
 
 /// One block kernel: an activation dtype, a width class and an ISA, compiled as its own function.
 /// (Inlined into one function per ISA, the 35 combinations took LLVM many minutes to optimize.)
-type BlockFn<Io> = unsafe fn(&Problem, &[Piece], usize, usize, &Io);
+pub(super) type BlockFn<Io> = unsafe fn(&Problem, &[Piece], usize, usize, &Io);
 
 /// Runs task `i` of a plan with `block`: token group `i / channel_blocks`, channel block
 /// `i % channel_blocks`.
 #[inline(always)]
-unsafe fn run_task<Io: RowIo>(p: &Problem, plan: &Plan, i: usize, io: &Io, block: BlockFn<Io>) {
+pub(super) unsafe fn run_task<Io: RowIo>(
+    p: &Problem,
+    plan: &Plan,
+    i: usize,
+    io: &Io,
+    block: BlockFn<Io>,
+) {
     let (g, cb) = (i / plan.channel_blocks, i % plan.channel_blocks);
     let pieces = &plan.pieces[plan.groups[g].clone()];
     let c0 = cb * plan.block;
@@ -477,13 +480,24 @@ macro_rules! block_for {
     };
 }
 
-/// [`block`] on one ISA: the `#[target_feature]` function each (dtypes, width) is compiled into.
-macro_rules! isa_block {
-    ($name:ident, $S:ty, $features:literal) => {
+/// The conv entry points of one ISA, for a module of its own in the architecture's file: `run`,
+/// which runs a whole problem (plain or ShortConv-gated) on the context's threads, and [`block`]
+/// compiled under `$features` for `$S` (and `$Sbf` for bf16 activations) as one
+/// `#[target_feature]` function per (dtypes, width).
+macro_rules! conv_entry_points {
+    ($S:ty, $Sbf:ty, $features:literal) => {
+        use crate::dtype::DType;
+        use crate::kernels::conv::vector::{
+            ANY_WIDTH, BlockFn, Gated, MAX_LANES, Plain, RowIo, block, gated, run_task,
+        };
+        use crate::kernels::conv::{Piece, Plan, Problem};
+        use crate::kernels::simd::{Simd, SimdElement};
+        use half::{bf16, f16};
+
         /// # Safety
         /// The CPU supports the ISA; as for [`block`].
         #[target_feature(enable = $features)]
-        unsafe fn $name<A: SimdElement, Io: RowIo, const W: usize>(
+        unsafe fn block_simd<A: SimdElement, Io: RowIo, const W: usize>(
             p: &Problem,
             pieces: &[Piece],
             c0: usize,
@@ -493,17 +507,66 @@ macro_rules! isa_block {
             const { assert!(<$S as Simd>::LANES <= MAX_LANES) };
             unsafe { block::<$S, A, Io, W>(p, pieces, c0, cn, io) }
         }
+
+        /// [`block_simd`] with the vector type for bf16 activations.
+        ///
+        /// # Safety
+        /// As for [`block_simd`].
+        #[target_feature(enable = $features)]
+        unsafe fn block_bf16<A: SimdElement, Io: RowIo, const W: usize>(
+            p: &Problem,
+            pieces: &[Piece],
+            c0: usize,
+            cn: usize,
+            io: &Io,
+        ) {
+            const { assert!(<$Sbf as Simd>::LANES <= MAX_LANES) };
+            unsafe { block::<$Sbf, A, Io, W>(p, pieces, c0, cn, io) }
+        }
+
+        /// Task `i` of a plan.
+        ///
+        /// # Safety
+        /// The CPU supports the ISA; `p` is validated and `i < plan.tasks()`.
+        unsafe fn task(p: &Problem, plan: &Plan, i: usize) {
+            unsafe {
+                run_task(
+                    p,
+                    plan,
+                    i,
+                    &Plain,
+                    block_for!(block_simd, block_bf16, Plain, p),
+                )
+            }
+        }
+
+        /// [`task`] for ShortConv (`p.gates` is set).
+        ///
+        /// # Safety
+        /// As for [`task`].
+        unsafe fn task_gated(p: &Problem, plan: &Plan, i: usize) {
+            unsafe {
+                run_task(
+                    p,
+                    plan,
+                    i,
+                    &gated(p),
+                    block_for!(block_simd, block_bf16, Gated, p),
+                )
+            }
+        }
+
+        /// Runs `p` with this ISA's kernels (the CPU supports it: [`super::super::conv_fn`]
+        /// checks).
+        pub(in crate::kernels::conv) fn run(ctx: &crate::runtime::Context, p: &Problem) {
+            let task = match p.gates {
+                Some(_) => task_gated,
+                None => task,
+            };
+            crate::kernels::conv::run_tasks(ctx, p, task)
+        }
     };
 }
-
-isa_block!(block_avx2, Avx2, "avx2,fma,f16c");
-// bf16 on AVX2 keeps channel pairs together (see `Avx2Pairs`).
-isa_block!(block_avx2_pairs, Avx2Pairs, "avx2,fma,f16c");
-isa_block!(
-    block_avx512,
-    Avx512,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
-);
 
 /// A channel block's taps and bias widened to f32 (rows `0..W`, the bias in row `W`) and, for
 /// gated inputs, its kept inputs (rows `W+1..2W`, see [`KeptCursor`]): rows of `cn` channels in
@@ -616,7 +679,7 @@ impl Taps {
 
 /// Channels `c0..c0+cn` of every piece of a token group.
 #[inline(always)]
-unsafe fn block<S: Simd, A: SimdElement, Io: RowIo, const W: usize>(
+pub(super) unsafe fn block<S: Simd, A: SimdElement, Io: RowIo, const W: usize>(
     p: &Problem,
     pieces: &[Piece],
     c0: usize,
@@ -1214,65 +1277,5 @@ unsafe fn write_state<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
                 }
             }
         }
-    }
-}
-
-/// # Safety
-/// The CPU supports AVX2, FMA and F16C; `p` is validated and `i < plan.tasks()`.
-pub unsafe fn task_avx2(p: &Problem, plan: &Plan, i: usize) {
-    unsafe {
-        run_task(
-            p,
-            plan,
-            i,
-            &Plain,
-            block_for!(block_avx2, block_avx2_pairs, Plain, p),
-        )
-    }
-}
-
-/// # Safety
-/// As for [`task_avx2`], with AVX-512 F/BW/VL/DQ.
-pub unsafe fn task_avx512(p: &Problem, plan: &Plan, i: usize) {
-    unsafe {
-        run_task(
-            p,
-            plan,
-            i,
-            &Plain,
-            block_for!(block_avx512, block_avx512, Plain, p),
-        )
-    }
-}
-
-/// [`task_avx2`] for ShortConv (`p.gates` is set).
-///
-/// # Safety
-/// As for [`task_avx2`].
-pub unsafe fn task_gated_avx2(p: &Problem, plan: &Plan, i: usize) {
-    unsafe {
-        run_task(
-            p,
-            plan,
-            i,
-            &gated(p),
-            block_for!(block_avx2, block_avx2_pairs, Gated, p),
-        )
-    }
-}
-
-/// [`task_avx512`] for ShortConv (`p.gates` is set).
-///
-/// # Safety
-/// As for [`task_avx512`].
-pub unsafe fn task_gated_avx512(p: &Problem, plan: &Plan, i: usize) {
-    unsafe {
-        run_task(
-            p,
-            plan,
-            i,
-            &gated(p),
-            block_for!(block_avx512, block_avx512, Gated, p),
-        )
     }
 }

@@ -215,8 +215,8 @@ pub unsafe fn kda_gating(ctx: &Context, isa: Isa, args: &KdaGating) {
     let a_scale: Vec<f32> = (0..heads)
         .map(|h| unsafe { read_f32(args.a_log.at(&[h]), DType::F32) }.exp())
         .collect();
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if isa > Isa::Scalar {
         let kp = k_dim.next_multiple_of(16);
         let mut bias = vec![0f32; heads * kp];
         if let Some(d) = &args.dt_bias {
@@ -226,7 +226,7 @@ pub unsafe fn kda_gating(ctx: &Context, isa: Isa, args: &KdaGating) {
                 }
             }
         }
-        let row = super::x86::kda_gate_row(isa);
+        let row = super::driver::kda_gate_row(isa);
         for_each_row(ctx, args.rows, |n| {
             let mut buf = vec![0f32; kp];
             // SAFETY: as for this function; each row is written by one task.

@@ -19,10 +19,18 @@
 pub mod gating;
 pub mod reference;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod chunked;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod recurrent;
+
+// Before the architecture files: they instantiate its `gdn_entry_points!`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[macro_use]
+mod driver;
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -228,9 +236,9 @@ pub unsafe fn gated_delta_rule(
     path: Path,
     args: &DeltaRule,
 ) -> Result<()> {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        return unsafe { x86::gated_delta_rule(ctx, isa, path, args) };
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if isa > Isa::Scalar {
+        return unsafe { driver::gated_delta_rule(ctx, isa, path, args) };
     }
     let _ = (path, isa);
     unsafe { reference::gated_delta_rule(ctx, args) };

@@ -20,12 +20,20 @@
 
 pub mod reference;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod channels;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod chunked;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod recurrent;
+
+// Before the architecture files: they instantiate its `mamba2_entry_points!`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[macro_use]
+mod driver;
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -151,9 +159,9 @@ pub(crate) fn clamp<F: PartialOrd>(d: F, lo: F, hi: F) -> F {
 /// `args` must describe validated memory: every index within its shape is in bounds, outputs do not
 /// overlap inputs, slots written by different sequences are distinct.
 pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> Result<()> {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        return unsafe { x86::mamba2_scan(ctx, isa, path, args) };
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if isa > Isa::Scalar {
+        return unsafe { driver::mamba2_scan(ctx, isa, path, args) };
     }
     let _ = (path, isa);
     unsafe { reference::mamba2_scan(ctx, args) };

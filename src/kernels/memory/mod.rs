@@ -4,6 +4,8 @@
 //! threads. Copies run in parallel only when no entry's destination overlaps another entry's
 //! source or destination; otherwise they run in order, exactly like a `memmove` loop.
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -30,17 +32,41 @@ pub type ZeroFn = unsafe fn(dst: *mut u8, len: usize);
 
 /// The zeroing routine for `isa` (the best one at or below it).
 pub fn zero_fn(isa: Isa) -> ZeroFn {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa >= Isa::Avx512 {
-            return x86::zero_stream_avx512;
-        }
-        if isa >= Isa::Avx2 {
-            return x86::zero_stream_avx2;
-        }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => x86::zero_stream_avx512,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::zero_stream_avx2,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => aarch64::zero_stream_neon,
+        _ => reference::zero,
     }
-    let _ = isa;
-    reference::zero
+}
+
+/// Runs shorter than this gain nothing from streaming; plain stores keep them cache-resident.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const STREAM_MIN: usize = 4096;
+
+/// Zeroes `[dst, dst+len)`: plain stores up to the first `ALIGN` boundary and for the tail, and
+/// `store(ptr)` for each aligned `ALIGN`-byte chunk between. The ISAs' `store` is non-temporal:
+/// cache blocks being cleared are not read back soon, so streaming stores skip the
+/// read-for-ownership and leave the caches to the running model.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+unsafe fn zero_streaming<const ALIGN: usize>(dst: *mut u8, len: usize, store: impl Fn(*mut u8)) {
+    if len < STREAM_MIN {
+        return unsafe { std::ptr::write_bytes(dst, 0, len) };
+    }
+    let head = dst.align_offset(ALIGN).min(len);
+    unsafe { std::ptr::write_bytes(dst, 0, head) };
+    let body = (len - head) / ALIGN * ALIGN;
+    let mut p = unsafe { dst.add(head) };
+    let end = unsafe { p.add(body) };
+    while p < end {
+        store(p);
+        p = unsafe { p.add(ALIGN) };
+    }
+    unsafe { std::ptr::write_bytes(end, 0, len - head - body) };
 }
 
 /// True when some entry's destination overlaps a *different* entry's source or destination, so

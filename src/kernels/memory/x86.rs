@@ -1,29 +1,7 @@
-//! Zeroing with non-temporal stores: cache blocks being cleared are not read back soon, so
-//! streaming stores skip the read-for-ownership and leave the caches to the running model.
+//! Zeroing with x86's non-temporal stores (see [`zero_streaming`]).
 
+use super::zero_streaming;
 use std::arch::x86_64::*;
-
-/// Runs shorter than this gain nothing from streaming; plain stores keep them cache-resident.
-const STREAM_MIN: usize = 4096;
-
-/// Zeroes `[dst, dst+len)`: plain stores up to the first `ALIGN` boundary and for the tail, and
-/// `store(ptr)` for each aligned `ALIGN`-byte chunk between.
-#[inline(always)]
-unsafe fn zero_streaming<const ALIGN: usize>(dst: *mut u8, len: usize, store: impl Fn(*mut u8)) {
-    if len < STREAM_MIN {
-        return unsafe { std::ptr::write_bytes(dst, 0, len) };
-    }
-    let head = dst.align_offset(ALIGN).min(len);
-    unsafe { std::ptr::write_bytes(dst, 0, head) };
-    let body = (len - head) / ALIGN * ALIGN;
-    let mut p = unsafe { dst.add(head) };
-    let end = unsafe { p.add(body) };
-    while p < end {
-        store(p);
-        p = unsafe { p.add(ALIGN) };
-    }
-    unsafe { std::ptr::write_bytes(end, 0, len - head - body) };
-}
 
 /// # Safety
 /// `[dst, dst+len)` writable; the CPU supports AVX2. Call [`store_fence`] before other threads

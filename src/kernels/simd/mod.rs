@@ -1,6 +1,7 @@
-//! A small portable-SIMD layer: one trait, two x86 implementations (AVX2 + FMA + F16C with 8 f32
-//! lanes, AVX-512 with 16), so each kernel body is written once, generically, and instantiated
-//! per ISA by thin `#[target_feature]` entry points. Every method is `#[inline(always)]` so it is
+//! A small portable-SIMD layer: one trait, implemented for x86-64 (`x86.rs`: AVX2 + FMA + F16C with
+//! 8 f32 lanes, AVX-512 with 16) and aarch64 (`aarch64.rs`: NEON, 8 lanes in two registers), so each
+//! kernel body is written once, generically, and instantiated per ISA by thin `#[target_feature]`
+//! entry points. Every method is `#[inline(always)]` so it is
 //! inlined into those entry points, where its intrinsics are legal and fast.
 //!
 //! Narrow dtypes are widened on load and narrowed with round-to-nearest-even on store, exactly as
@@ -32,7 +33,10 @@ pub trait Simd: Copy + Send + Sync + 'static {
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `a * b - c`, fused (one rounding).
     unsafe fn fms(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a > b ? a : b` per lane: `b` when either is NaN (x86's `maxps`; other ISAs follow it, so
+    /// a clamp treats NaN the same everywhere).
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// `a < b ? a : b` per lane, as [`Simd::max`].
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// Sum of the lanes, in a fixed order (deterministic).
     unsafe fn reduce_sum(a: Self::V) -> f32;
@@ -65,8 +69,8 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// Lanes rounded to f16 precision (what `store_f16` then `load_f16` give), in registers.
     unsafe fn round_f16(v: Self::V) -> Self::V;
     /// [`Simd::round_bf16`] of lanes whose NaNs, if any, are already bf16 NaNs: quiet, with the
-    /// low 16 bits clear. Every NaN that arithmetic makes from bf16 operands is one (x86 keeps a
-    /// NaN operand's payload, quieted, and makes new NaNs as 0xffc00000), so a product of two bf16
+    /// low 16 bits clear. Every NaN that arithmetic makes from bf16 operands is one (x86 and Arm keep a
+    /// NaN operand's payload, quieted, and make new NaNs as 0xffc00000 and 0x7fc00000), so a product of two bf16
     /// values needs no NaN check: the rounding carry cannot reach such a NaN's high half. By
     /// default the checked rounding; `Avx2Pairs`, whose bf16 kernels gate ShortConv, skips it.
     #[inline(always)]
@@ -77,6 +81,14 @@ pub trait Simd: Copy + Send + Sync + 'static {
     #[inline(always)]
     unsafe fn store_bf16_bf16_nans(p: *mut u16, v: Self::V) {
         unsafe { Self::store_bf16(p, v) }
+    }
+
+    /// `min(max(x, lo), hi)` for constants `lo < hi`, neither NaN nor zero: `lo` for a NaN `x`, as
+    /// [`Simd::max`] then [`Simd::min`] give. NEON does it in two instructions (`fmaxnm`,
+    /// `fminnm`), where x86's NaN rule costs it four.
+    #[inline(always)]
+    unsafe fn clamp(x: Self::V, lo: f32, hi: f32) -> Self::V {
+        unsafe { Self::min(Self::max(x, Self::splat(lo)), Self::splat(hi)) }
     }
 
     /// `e^x` within 4e-7 relative error on [-87.3, 88.3]; below, the smallest normal (~1.2e-38), and
@@ -103,7 +115,7 @@ pub trait Simd: Copy + Send + Sync + 'static {
 #[inline(always)]
 unsafe fn exp_generic<S: Simd>(x: S::V) -> S::V {
     unsafe {
-        let x = S::min(S::max(x, S::splat(-87.336_55)), S::splat(88.376_26));
+        let x = S::clamp(x, -87.336_55, 88.376_26);
         let n = S::round(S::mul(x, S::splat(std::f32::consts::LOG2_E)));
         // Two-step Cody–Waite reduction keeps r exact enough.
         let r = S::fma(n, S::splat(-0.693_359_4), x);
@@ -337,17 +349,34 @@ impl SimdElement for f16 {
     }
 }
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(target_arch = "aarch64")]
+pub use aarch64::Neon;
 #[cfg(target_arch = "x86_64")]
 pub use x86::{Avx2, Avx2Pairs, Avx512};
 
+/// Rows and columns of the register-transposed blocks of [`transpose`].
+#[cfg(target_arch = "x86_64")]
+const TRANSPOSE_BLOCK: usize = 8;
+#[cfg(target_arch = "x86_64")]
+use x86::transpose8x8 as transpose_block;
+#[cfg(target_arch = "aarch64")]
+const TRANSPOSE_BLOCK: usize = 4;
+#[cfg(target_arch = "aarch64")]
+use aarch64::transpose4x4 as transpose_block;
+
 /// `dst[c * ldd + r] = src[r * lds + c]` for `r < rows`, `c < cols`: 8 x 8 blocks through
-/// registers (a scalar transpose ran one store per element, the bulk of a KDA sub-chunk's
-/// off-diagonal products), the edges element by element.
+/// registers on x86 (AVX2), 4 x 4 on aarch64 (a scalar transpose ran one store per element, the
+/// bulk of a KDA sub-chunk's off-diagonal products), the edges element by element.
 ///
 /// # Safety
-/// The CPU has AVX2 and the caller is compiled for it (every [`Simd`] kernel is); both matrices
-/// are in bounds and disjoint.
-#[cfg(target_arch = "x86_64")]
+/// The CPU has AVX2 (x86) or NEON (aarch64) and the caller is compiled for it (every [`Simd`]
+/// kernel is); both matrices are in bounds and disjoint.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[inline(always)]
 pub(crate) unsafe fn transpose(
     src: *const f32,
@@ -357,529 +386,60 @@ pub(crate) unsafe fn transpose(
     rows: usize,
     cols: usize,
 ) {
-    let (rows8, cols8) = (rows / 8 * 8, cols / 8 * 8);
+    const B: usize = TRANSPOSE_BLOCK;
+    let (rows_b, cols_b) = (rows / B * B, cols / B * B);
     unsafe {
-        for r in (0..rows8).step_by(8) {
-            for c in (0..cols8).step_by(8) {
-                x86::transpose8x8(src.add(r * lds + c), lds, dst.add(c * ldd + r), ldd);
+        for r in (0..rows_b).step_by(B) {
+            for c in (0..cols_b).step_by(B) {
+                transpose_block(src.add(r * lds + c), lds, dst.add(c * ldd + r), ldd);
             }
         }
         for r in 0..rows {
-            let first = if r < rows8 { cols8 } else { 0 };
+            let first = if r < rows_b { cols_b } else { 0 };
             for c in first..cols {
                 *dst.add(c * ldd + r) = *src.add(r * lds + c);
             }
         }
     }
 }
-
-#[cfg(target_arch = "x86_64")]
-// Every method below is a thin wrapper over intrinsics whose only precondition is the ISA, which
-// the `Simd` contract already puts on the caller; per-call `unsafe` blocks would add only noise.
-#[allow(unsafe_op_in_unsafe_fn)]
-mod x86 {
-    use super::Simd;
-    use std::arch::x86_64::*;
-
-    /// AVX2 + FMA + F16C, 8 lanes.
-    #[derive(Clone, Copy, Debug)]
-    pub struct Avx2;
-
-    /// One 8 x 8 block of [`super::transpose`]: pairs of rows interleaved, then pairs of pairs,
-    /// then the 128-bit halves swapped. (No closures: they would not inherit the caller's
-    /// target features, and the intrinsics would become calls.)
-    #[inline(always)]
-    pub(super) unsafe fn transpose8x8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
-        let mut r = [_mm256_setzero_ps(); 8];
-        for (i, row) in r.iter_mut().enumerate() {
-            *row = _mm256_loadu_ps(src.add(i * lds));
-        }
-        let mut t = [_mm256_setzero_ps(); 8];
-        for i in 0..4 {
-            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-        }
-        // u[4h + j]: columns j and j + 4 of rows 4h..4h+4.
-        let mut u = [_mm256_setzero_ps(); 8];
-        for h in 0..2 {
-            for p in 0..2 {
-                let (a, b) = (t[4 * h + p], t[4 * h + p + 2]);
-                u[4 * h + 2 * p] = _mm256_shuffle_ps::<0x44>(a, b);
-                u[4 * h + 2 * p + 1] = _mm256_shuffle_ps::<0xEE>(a, b);
-            }
-        }
-        for j in 0..4 {
-            _mm256_storeu_ps(
-                dst.add(j * ldd),
-                _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]),
-            );
-            _mm256_storeu_ps(
-                dst.add((j + 4) * ldd),
-                _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]),
-            );
-        }
-    }
-
-    /// `2^n` for integral-valued `n` in [-126, 127], built in the exponent bits. (A function, not
-    /// a closure, as in `transpose8x8`.)
-    #[inline(always)]
-    unsafe fn pow2i(n: __m256) -> __m256 {
-        let i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(i))
-    }
-
-    /// AVX-512 F/BW/VL/DQ, 16 lanes.
-    #[derive(Clone, Copy, Debug)]
-    pub struct Avx512;
-
-    /// f32 lanes whose high halves are the lanes rounded to nearest-even bf16 (NaNs quieted).
-    #[inline(always)]
-    unsafe fn bf16_high_halves(v: __m256) -> __m256i {
-        match Avx2::any_nan(v) {
-            false => bf16_rne(v),
-            true => bf16_rne_keeping_nans(v),
-        }
-    }
-
-    /// [`bf16_high_halves`] of both registers of a pair, with one NaN check for the two.
-    #[inline(always)]
-    unsafe fn bf16_high_halves_pair(v: [__m256; 2]) -> [__m256i; 2] {
-        let either_nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[1]);
-        match _mm256_movemask_ps(either_nan) != 0 {
-            false => [bf16_rne(v[0]), bf16_rne(v[1])],
-            true => [bf16_rne_keeping_nans(v[0]), bf16_rne_keeping_nans(v[1])],
-        }
-    }
-
-    /// The high halves of `h` as f32 lanes (low halves cleared).
-    #[inline(always)]
-    unsafe fn high_halves(h: __m256i) -> __m256 {
-        _mm256_castsi256_ps(_mm256_and_si256(
-            h,
-            _mm256_set1_epi32(0xffff_0000_u32 as i32),
-        ))
-    }
-
-    /// Stores the high halves of `h`'s lanes as 8 consecutive u16.
-    #[inline(always)]
-    unsafe fn store_high_halves(p: *mut u16, h: __m256i) {
-        let r = _mm256_srli_epi32::<16>(h);
-        let packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
-        _mm_storeu_si128(p.cast(), packed);
-    }
-
-    /// Stores the high halves of a pair's `[even, odd]` lanes as 16 consecutive u16.
-    #[inline(always)]
-    unsafe fn store_pair_high_halves(p: *mut u16, [even, odd]: [__m256i; 2]) {
-        let pairs = _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(even), odd);
-        _mm256_storeu_si256(p.cast(), pairs);
-    }
-
-    /// Round to nearest-even in the high halves, wrong for NaNs: add 0x7fff plus the lowest kept
-    /// bit, i.e. 0x8000 minus one when that bit is clear (a compare, not a shift: shifts share two
-    /// pipes with the widening).
-    #[inline(always)]
-    unsafe fn bf16_rne(v: __m256) -> __m256i {
-        let b = _mm256_castps_si256(v);
-        let lsb = _mm256_and_si256(b, _mm256_set1_epi32(0x1_0000));
-        let clear = _mm256_cmpeq_epi32(lsb, _mm256_setzero_si256());
-        _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x8000)), clear)
-    }
-
-    /// [`bf16_rne`], except that a NaN, which the carry would corrupt, keeps its high half, quieted.
-    #[inline(always)]
-    unsafe fn bf16_rne_keeping_nans(v: __m256) -> __m256i {
-        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-        let quiet = _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x0040_0000));
-        _mm256_blendv_epi8(bf16_rne(v), quiet, nan)
-    }
-
-    impl Simd for Avx2 {
-        const LANES: usize = 8;
-        type V = __m256;
-
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> __m256 {
-            _mm256_set1_ps(x)
-        }
-        #[inline(always)]
-        unsafe fn zero() -> __m256 {
-            _mm256_setzero_ps()
-        }
-        #[inline(always)]
-        unsafe fn add(a: __m256, b: __m256) -> __m256 {
-            _mm256_add_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
-            _mm256_sub_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-            _mm256_mul_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn div(a: __m256, b: __m256) -> __m256 {
-            _mm256_div_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
-            unsafe { _mm256_fmadd_ps(a, b, c) }
-        }
-        #[inline(always)]
-        unsafe fn fms(a: __m256, b: __m256, c: __m256) -> __m256 {
-            _mm256_fmsub_ps(a, b, c)
-        }
-        #[inline(always)]
-        unsafe fn max(a: __m256, b: __m256) -> __m256 {
-            _mm256_max_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn min(a: __m256, b: __m256) -> __m256 {
-            _mm256_min_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn reduce_sum(a: __m256) -> f32 {
-            let lo = _mm256_castps256_ps128(a);
-            let hi = _mm256_extractf128_ps::<1>(a);
-            let s = _mm_add_ps(lo, hi);
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
-            _mm_cvtss_f32(s)
-        }
-        #[inline(always)]
-        unsafe fn load_f32(p: *const f32) -> __m256 {
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store_f32(p: *mut f32, v: __m256) {
-            unsafe { _mm256_storeu_ps(p, v) }
-        }
-        #[inline(always)]
-        unsafe fn load_bf16(p: *const u16) -> __m256 {
-            unsafe {
-                let h = _mm_loadu_si128(p.cast());
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-            }
-        }
-        #[inline(always)]
-        unsafe fn store_bf16(p: *mut u16, v: __m256) {
-            unsafe { store_high_halves(p, bf16_high_halves(v)) }
-        }
-        #[inline(always)]
-        unsafe fn round_bf16(v: __m256) -> __m256 {
-            high_halves(bf16_high_halves(v))
-        }
-        #[inline(always)]
-        unsafe fn round_f16(v: __m256) -> __m256 {
-            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-        }
-        #[inline(always)]
-        unsafe fn load_f16(p: *const u16) -> __m256 {
-            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-        }
-        #[inline(always)]
-        unsafe fn store_f16(p: *mut u16, v: __m256) {
-            unsafe { _mm_storeu_si128(p.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
-        }
-        #[inline(always)]
-        unsafe fn scale_pow2(e: __m256, n: __m256) -> __m256 {
-            // 2^n itself overflows at n = 128: scale by two halves, each exact.
-            let half = Avx2::round(_mm256_mul_ps(n, _mm256_set1_ps(0.5)));
-            _mm256_mul_ps(_mm256_mul_ps(e, pow2i(half)), pow2i(_mm256_sub_ps(n, half)))
-        }
-        #[inline(always)]
-        unsafe fn round(x: __m256) -> __m256 {
-            _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
-        }
-        #[inline(always)]
-        unsafe fn exponent_from_low_bits(t: __m256) -> __m256 {
-            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(t)))
-        }
-        #[inline(always)]
-        unsafe fn any_nan(v: __m256) -> bool {
-            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) != 0
-        }
-    }
-
-    /// AVX2 with 16 lanes in two registers, the even channels of a 16-channel group and then the
-    /// odd ones. A bf16 pair in a 32-bit word widens with one shift (even) and one mask (odd) and
-    /// narrows with one blend, where the natural order needs cross-lane widening and packing on
-    /// the two pipes that also shift. The bf16 conv kernels use it: measured on Zen 3 against the
-    /// natural order in one process, the decode update takes 0.84x the time, prefill 0.90x and
-    /// ShortConv 0.92x.
-    #[derive(Clone, Copy, Debug)]
-    pub struct Avx2Pairs;
-
-    /// `[even, odd]` channels of the 16 consecutive f32 `lo ++ hi`.
-    #[inline(always)]
-    unsafe fn deinterleave(lo: __m256, hi: __m256) -> [__m256; 2] {
-        let even = _mm256_shuffle_ps::<0b10_00_10_00>(lo, hi);
-        let odd = _mm256_shuffle_ps::<0b11_01_11_01>(lo, hi);
-        [quarters_in_order(even), quarters_in_order(odd)]
-    }
-
-    /// Swaps the middle two 64-bit quarters (its own inverse).
-    #[inline(always)]
-    unsafe fn quarters_in_order(v: __m256) -> __m256 {
-        _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(v)))
-    }
-
-    /// The 16 consecutive channels `[lo, hi]` of `[even, odd]`: inverse of [`deinterleave`].
-    #[inline(always)]
-    unsafe fn interleave(v: [__m256; 2]) -> [__m256; 2] {
-        let (e, o) = (quarters_in_order(v[0]), quarters_in_order(v[1]));
-        [_mm256_unpacklo_ps(e, o), _mm256_unpackhi_ps(e, o)]
-    }
-
-    /// `Avx2::$op` on both halves.
-    macro_rules! both_halves {
-        ($($op:ident($($arg:ident),+);)+) => {$(
-            #[inline(always)]
-            unsafe fn $op($($arg: [__m256; 2]),+) -> [__m256; 2] {
-                [Avx2::$op($($arg[0]),+), Avx2::$op($($arg[1]),+)]
-            }
-        )+};
-    }
-
-    impl Simd for Avx2Pairs {
-        const LANES: usize = 16;
-        const VECTORS_IN_REGISTERS: usize = 8;
-        type V = [__m256; 2];
-
-        both_halves! {
-            add(a, b); sub(a, b); mul(a, b); div(a, b); fma(a, b, c); fms(a, b, c);
-            max(a, b); min(a, b); round_f16(v); scale_pow2(e, n); round(x);
-            exponent_from_low_bits(t);
-        }
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> [__m256; 2] {
-            [Avx2::splat(x); 2]
-        }
-        #[inline(always)]
-        unsafe fn zero() -> [__m256; 2] {
-            [Avx2::zero(); 2]
-        }
-        #[inline(always)]
-        unsafe fn reduce_sum(a: [__m256; 2]) -> f32 {
-            Avx2::reduce_sum(_mm256_add_ps(a[0], a[1]))
-        }
-        #[inline(always)]
-        fn lane_channel(l: usize) -> usize {
-            if l < 8 { 2 * l } else { 2 * (l - 8) + 1 }
-        }
-        #[inline(always)]
-        unsafe fn load_lane_order(p: *const f32) -> [__m256; 2] {
-            [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
-        }
-        #[inline(always)]
-        unsafe fn store_lane_order(p: *mut f32, v: [__m256; 2]) {
-            _mm256_storeu_ps(p, v[0]);
-            _mm256_storeu_ps(p.add(8), v[1]);
-        }
-        #[inline(always)]
-        unsafe fn round_bf16(v: [__m256; 2]) -> [__m256; 2] {
-            let [even, odd] = bf16_high_halves_pair(v);
-            [high_halves(even), high_halves(odd)]
-        }
-        #[inline(always)]
-        unsafe fn round_bf16_bf16_nans(v: [__m256; 2]) -> [__m256; 2] {
-            [high_halves(bf16_rne(v[0])), high_halves(bf16_rne(v[1]))]
-        }
-        #[inline(always)]
-        unsafe fn load_f32(p: *const f32) -> [__m256; 2] {
-            deinterleave(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-        }
-        #[inline(always)]
-        unsafe fn store_f32(p: *mut f32, v: [__m256; 2]) {
-            let [lo, hi] = interleave(v);
-            _mm256_storeu_ps(p, lo);
-            _mm256_storeu_ps(p.add(8), hi);
-        }
-        #[inline(always)]
-        unsafe fn load_bf16(p: *const u16) -> [__m256; 2] {
-            let pairs = _mm256_loadu_si256(p.cast());
-            let odd = _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff_0000_u32 as i32));
-            [
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(pairs)),
-                _mm256_castsi256_ps(odd),
-            ]
-        }
-        #[inline(always)]
-        unsafe fn store_bf16(p: *mut u16, v: [__m256; 2]) {
-            store_pair_high_halves(p, bf16_high_halves_pair(v))
-        }
-        #[inline(always)]
-        unsafe fn store_bf16_bf16_nans(p: *mut u16, v: [__m256; 2]) {
-            store_pair_high_halves(p, [bf16_rne(v[0]), bf16_rne(v[1])])
-        }
-        #[inline(always)]
-        unsafe fn load_f16(p: *const u16) -> [__m256; 2] {
-            let lo = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
-            let hi = _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast()));
-            deinterleave(lo, hi)
-        }
-        #[inline(always)]
-        unsafe fn store_f16(p: *mut u16, v: [__m256; 2]) {
-            let [lo, hi] = interleave(v);
-            Avx2::store_f16(p, lo);
-            Avx2::store_f16(p.add(8), hi);
-        }
-        #[inline(always)]
-        unsafe fn any_nan(v: [__m256; 2]) -> bool {
-            let nan = _mm256_or_ps(
-                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]),
-                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[1], v[1]),
-            );
-            _mm256_movemask_ps(nan) != 0
-        }
-    }
-
-    /// [`bf16_high_halves`] for AVX-512.
-    #[inline(always)]
-    unsafe fn bf16_high_halves_512(v: __m512) -> __m512i {
-        let b = _mm512_castps_si512(v);
-        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-        let rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-        let quiet = _mm512_or_si512(b, _mm512_set1_epi32(0x0040_0000));
-        _mm512_mask_blend_epi32(nan, rounded, quiet)
-    }
-
-    impl Simd for Avx512 {
-        const VECTORS_IN_REGISTERS: usize = 32;
-        const LANES: usize = 16;
-        type V = __m512;
-
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> __m512 {
-            _mm512_set1_ps(x)
-        }
-        #[inline(always)]
-        unsafe fn zero() -> __m512 {
-            _mm512_setzero_ps()
-        }
-        #[inline(always)]
-        unsafe fn add(a: __m512, b: __m512) -> __m512 {
-            _mm512_add_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
-            _mm512_sub_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn mul(a: __m512, b: __m512) -> __m512 {
-            _mm512_mul_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn div(a: __m512, b: __m512) -> __m512 {
-            _mm512_div_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
-            _mm512_fmadd_ps(a, b, c)
-        }
-        #[inline(always)]
-        unsafe fn fms(a: __m512, b: __m512, c: __m512) -> __m512 {
-            _mm512_fmsub_ps(a, b, c)
-        }
-        #[inline(always)]
-        unsafe fn max(a: __m512, b: __m512) -> __m512 {
-            _mm512_max_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn min(a: __m512, b: __m512) -> __m512 {
-            _mm512_min_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn reduce_sum(a: __m512) -> f32 {
-            // Same pairwise order as AVX2's after folding halves, so both are deterministic.
-            let lo = _mm512_castps512_ps256(a);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
-            unsafe { <super::Avx2 as Simd>::reduce_sum(_mm256_add_ps(lo, hi)) }
-        }
-        #[inline(always)]
-        unsafe fn load_f32(p: *const f32) -> __m512 {
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store_f32(p: *mut f32, v: __m512) {
-            unsafe { _mm512_storeu_ps(p, v) }
-        }
-        #[inline(always)]
-        unsafe fn load_bf16(p: *const u16) -> __m512 {
-            unsafe {
-                let h = _mm256_loadu_si256(p.cast());
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-            }
-        }
-        #[inline(always)]
-        unsafe fn store_bf16(p: *mut u16, v: __m512) {
-            unsafe {
-                let r = _mm512_srli_epi32::<16>(bf16_high_halves_512(v));
-                _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(r));
-            }
-        }
-        #[inline(always)]
-        unsafe fn round_bf16(v: __m512) -> __m512 {
-            let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
-            _mm512_castsi512_ps(_mm512_and_si512(bf16_high_halves_512(v), high))
-        }
-        #[inline(always)]
-        unsafe fn round_f16(v: __m512) -> __m512 {
-            _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-        }
-        #[inline(always)]
-        unsafe fn load_f16(p: *const u16) -> __m512 {
-            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
-        }
-        #[inline(always)]
-        unsafe fn store_f16(p: *mut u16, v: __m512) {
-            unsafe {
-                _mm256_storeu_si256(p.cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-            }
-        }
-        #[inline(always)]
-        unsafe fn scale_pow2(e: __m512, n: __m512) -> __m512 {
-            _mm512_scalef_ps(e, n)
-        }
-        #[inline(always)]
-        unsafe fn round(x: __m512) -> __m512 {
-            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
-        }
-        #[inline(always)]
-        unsafe fn exponent_from_low_bits(t: __m512) -> __m512 {
-            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(t)))
-        }
-        #[inline(always)]
-        unsafe fn any_nan(v: __m512) -> bool {
-            _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v) != 0
-        }
-    }
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod tests {
     use super::*;
     use crate::runtime::Isa;
 
     /// Runs `body` under AVX2 codegen, as kernels do.
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn with_avx2<R>(body: impl FnOnce() -> R) -> R {
         body()
     }
 
-    /// Every block and edge shape against the element-by-element transpose (one AVX2 code for
-    /// every ISA).
+    /// Runs `body` under NEON codegen, as kernels do.
+    #[cfg(target_arch = "aarch64")]
+    #[target_feature(enable = "neon")]
+    unsafe fn with_neon<R>(body: impl FnOnce() -> R) -> R {
+        body()
+    }
+
+    /// The codegen the transpose is written for on this architecture.
+    #[cfg(target_arch = "x86_64")]
+    use with_avx2 as with_transpose_isa;
+    #[cfg(target_arch = "aarch64")]
+    use with_neon as with_transpose_isa;
+
+    /// Every block and edge shape against the element-by-element transpose (one code for every
+    /// ISA of an architecture).
     #[test]
     fn transpose_matches_naive() {
-        if Isa::under_test().into_iter().any(|isa| isa >= Isa::Avx2) {
+        if Isa::under_test().into_iter().any(|isa| isa > Isa::Scalar) {
             for (rows, cols) in [(8, 8), (64, 128), (13, 21), (32, 7), (5, 16), (1, 1)] {
                 let (lds, ldd) = (cols + 3, rows + 5);
                 let src: Vec<f32> = (0..rows * lds).map(|i| i as f32).collect();
                 let mut dst = vec![-1f32; cols * ldd];
                 unsafe {
-                    with_avx2(|| transpose(src.as_ptr(), lds, dst.as_mut_ptr(), ldd, rows, cols))
+                    with_transpose_isa(|| {
+                        transpose(src.as_ptr(), lds, dst.as_mut_ptr(), ldd, rows, cols)
+                    })
                 };
                 for (i, &d) in dst.iter().enumerate() {
                     let (c, r) = (i / ldd, i % ldd);
@@ -1011,21 +571,56 @@ mod tests {
 
     /// Conversions, `exp`, the NaN-check-free bf16 rounding of products and the horizontal sum of
     /// one vector type.
+    /// `clamp` against `max` then `min`, bit for bit, NaN, infinities and signed zeros included.
+    fn check_clamp<S: Simd>() {
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            -0.0,
+            0.0,
+        ];
+        let values: Vec<f32> = specials
+            .into_iter()
+            .chain((0..64).map(|i| (i as f32 - 32.0) * 5.5))
+            .collect();
+        for x in values.chunks(S::LANES) {
+            let mut lanes = x.to_vec();
+            lanes.resize(S::LANES, 1.0);
+            let (mut want, mut got) = (vec![0f32; S::LANES], vec![0f32; S::LANES]);
+            unsafe {
+                let v = S::load_f32(lanes.as_ptr());
+                let (lo, hi) = (-88.75, 87.0);
+                S::store_f32(
+                    want.as_mut_ptr(),
+                    S::min(S::max(v, S::splat(lo)), S::splat(hi)),
+                );
+                S::store_f32(got.as_mut_ptr(), S::clamp(v, lo, hi));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&want), bits(&got), "clamp of {lanes:?}");
+        }
+    }
+
     fn check_vector_type<S: Simd>() {
         check_roundtrips::<S>();
         check_exp::<S>();
         check_bf16_products::<S>();
+        check_clamp::<S>();
         let v: Vec<f32> = (1..=S::LANES).map(|i| i as f32).collect();
         let want = (S::LANES * (S::LANES + 1) / 2) as f32;
         assert_eq!(unsafe { S::reduce_sum(S::load_f32(v.as_ptr())) }, want);
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     unsafe fn with_avx512<R>(body: impl FnOnce() -> R) -> R {
         body()
     }
 
     /// `e^x` of one vector type over `[-90, 90]` and the clamp edges, as bits.
+    #[cfg(target_arch = "x86_64")]
     fn exp_bits<S: Simd>() -> Vec<u32> {
         let mut xs: Vec<f32> = (0..180_000).map(|i| -90.0 + i as f32 * 1e-3).collect();
         xs.extend([
@@ -1048,6 +643,7 @@ mod tests {
     }
 
     /// AVX-512 scales `e^r` by `2^n` in one instruction, AVX2 in two exact halves: the same bits.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn exp_is_the_same_on_every_isa() {
         let isas = Isa::under_test();
@@ -1064,11 +660,17 @@ mod tests {
         for isa in Isa::under_test() {
             match isa {
                 Isa::Scalar => {}
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => unsafe {
                     with_avx2(check_vector_type::<Avx2>);
                     with_avx2(check_vector_type::<Avx2Pairs>);
                 },
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => unsafe { with_avx512(check_vector_type::<Avx512>) },
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => unsafe { with_neon(check_vector_type::<Neon>) },
+                #[allow(unreachable_patterns)]
+                other => panic!("no vector type of {other:?} on this architecture"),
             }
         }
     }

@@ -355,10 +355,19 @@ unsafe fn write_checkpoint(p: &Problem, cp: &Checkpoint) {
     let state_row =
         |base: *mut u8, r: usize| base.wrapping_add(r * p.state_row * p.state_dtype.size());
     let s = &p.seqs[cp.seq];
+    // The state holds x's bits in x's layout: rows are copied as bytes (as the vector kernels'
+    // final states are).
+    let raw = p.gates.is_none() && p.state_dtype == act && p.x_ch == 1 && p.state_ch == 1;
     for j in 0..w - 1 {
         // Relative time of row j: negative is the history.
         let rel = cp.after as isize - (w - 1) + j;
         unsafe {
+            if raw && rel >= 0 {
+                let x_row = s.x.wrapping_add(rel as usize * p.x_tok * act.size());
+                let bytes = p.channels * act.size();
+                std::ptr::copy_nonoverlapping(x_row, state_row(cp.state, j as usize), bytes);
+                continue;
+            }
             if rel >= 0 {
                 let x_row = s.x.wrapping_add(rel as usize * p.x_tok * act.size());
                 load_row(x_row, act, p.x_ch, &mut row);

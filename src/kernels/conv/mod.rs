@@ -328,7 +328,7 @@ fn active_conv_fn() -> ConvFn {
 pub fn run(ctx: &Context, p: &Problem) {
     // SAFETY: the problem is validated; checkpoint slots are distinct from each other and from
     // every sequence's slot, so writing them first leaves every history the main pass reads.
-    unsafe { write_checkpoints(p) };
+    unsafe { write_checkpoints(ctx, p) };
     match Isa::dispatch() {
         isa if isa == Isa::active() => active_conv_fn()(ctx, p),
         isa => conv_fn(isa)(ctx, p),
@@ -339,47 +339,65 @@ pub fn run(ctx: &Context, p: &Problem) {
 /// the very values a call ending after that token stores (inputs copied exactly, ShortConv's
 /// `B * x` rounded to the activation dtype as the conv rounds it). A checkpoint within `W-1`
 /// tokens of the start takes history rows from the sequence's own slot, so this runs before the
-/// main pass rewrites it. A few rows per checkpoint: one thread does them all.
+/// main pass rewrites it. One task per checkpoint (each writes its own slot) when there are rows
+/// enough to spread over the threads ([`parallel_threads`]'s rule), else all on the caller's.
 ///
 /// # Safety
 /// `p` is validated; no other thread touches the checkpoint slots.
-unsafe fn write_checkpoints(p: &Problem) {
-    if p.checkpoints.is_empty() {
-        return;
+unsafe fn write_checkpoints(ctx: &Context, p: &Problem) {
+    let rows = p.checkpoints.len() * (p.width - 1) * p.channels;
+    let write = |i: usize| unsafe { write_checkpoint(p, &p.checkpoints[i]) };
+    match rows < MIN_PARALLEL_OUTPUTS && !crate::runtime::every_call_parallel() {
+        true => (0..p.checkpoints.len()).for_each(write),
+        false => ctx.for_each(p.checkpoints.len(), write),
     }
+}
+
+/// One checkpoint of [`write_checkpoints`].
+///
+/// # Safety
+/// As for [`write_checkpoints`].
+unsafe fn write_checkpoint(p: &Problem, cp: &Checkpoint) {
     let (w, act) = (p.width as isize, p.act);
     let (mut row, mut gate) = (vec![0f32; p.channels], vec![0f32; p.channels]);
     let state_row =
         |base: *mut u8, r: usize| base.wrapping_add(r * p.state_row * p.state_dtype.size());
-    for cp in &p.checkpoints {
-        let s = &p.seqs[cp.seq];
-        for j in 0..w - 1 {
-            // Relative time of row j: negative is the history.
-            let rel = cp.after as isize - (w - 1) + j;
-            unsafe {
-                if rel >= 0 {
-                    let x_row = s.x.wrapping_add(rel as usize * p.x_tok * act.size());
-                    load_row(x_row, act, p.x_ch, &mut row);
-                    if let Some(g) = p.gates {
-                        let b_row = x_row.wrapping_sub(g.b_back * act.size());
-                        load_row(b_row, act, p.x_ch, &mut gate);
-                        for (x, b) in row.iter_mut().zip(&gate) {
-                            *x = reference::round_to(act, b * *x);
-                        }
-                    }
-                } else if let (Some(st), true) = (s.state, s.read_state) {
-                    let r = (w - 1 + rel) as usize;
-                    load_row(state_row(st, r), p.state_dtype, p.state_ch, &mut row);
-                } else {
-                    row.fill(0.0);
-                }
-                store_row(
-                    state_row(cp.state, j as usize),
-                    p.state_dtype,
-                    p.state_ch,
-                    &row,
-                );
+    let s = &p.seqs[cp.seq];
+    // The state holds x's bits in x's layout: rows are copied as bytes (as the vector kernels'
+    // final states are).
+    let raw = p.gates.is_none() && p.state_dtype == act && p.x_ch == 1 && p.state_ch == 1;
+    for j in 0..w - 1 {
+        // Relative time of row j: negative is the history.
+        let rel = cp.after as isize - (w - 1) + j;
+        unsafe {
+            if raw && rel >= 0 {
+                let x_row = s.x.wrapping_add(rel as usize * p.x_tok * act.size());
+                let bytes = p.channels * act.size();
+                std::ptr::copy_nonoverlapping(x_row, state_row(cp.state, j as usize), bytes);
+                continue;
             }
+            if rel >= 0 {
+                let x_row = s.x.wrapping_add(rel as usize * p.x_tok * act.size());
+                load_row(x_row, act, p.x_ch, &mut row);
+                if let Some(g) = p.gates {
+                    let b_row = x_row.wrapping_sub(g.b_back * act.size());
+                    load_row(b_row, act, p.x_ch, &mut gate);
+                    for (x, b) in row.iter_mut().zip(&gate) {
+                        *x = reference::round_to(act, b * *x);
+                    }
+                }
+            } else if let (Some(st), true) = (s.state, s.read_state) {
+                let r = (w - 1 + rel) as usize;
+                load_row(state_row(st, r), p.state_dtype, p.state_ch, &mut row);
+            } else {
+                row.fill(0.0);
+            }
+            store_row(
+                state_row(cp.state, j as usize),
+                p.state_dtype,
+                p.state_ch,
+                &row,
+            );
         }
     }
 }

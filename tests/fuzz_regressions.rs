@@ -201,7 +201,7 @@ fn every_isa_kda_gates_keep_nan() {
     }
     for lower_bound in [0.0f32, -5.0] {
         let run = |isa: Isa| {
-            let mut g = Tensor::zeros(DType::F32, &[n, hv, k]);
+            let g = Tensor::zeros(DType::F32, &[n, hv, k]);
             let mut gd = g.desc();
             let code = with_isa(isa, || unsafe {
                 ssmk_kda_gating(

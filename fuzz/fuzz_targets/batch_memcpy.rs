@@ -93,7 +93,7 @@ fuzz_target!(|data: &[u8]| {
         2 => sizes_p = std::ptr::null(),
         3 => {
             let p = unaligned.as_mut_ptr();
-            let p = unsafe { p.add((p as usize % 8 == 0) as usize) };
+            let p = unsafe { p.add((p as usize).is_multiple_of(8) as usize) };
             unsafe { std::ptr::copy_nonoverlapping(sizes.as_ptr().cast::<u8>(), p, 8 * n) };
             sizes_p = p as *const usize;
         }

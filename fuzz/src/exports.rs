@@ -1,6 +1,8 @@
 //! Each export's call, in exactly one place: a target fills in the arguments and the harness
 //! calls `invoke` (under the ISA, path and context it chooses, then again for the reference).
 //! `NAMES` are the argument names the export's messages use.
+// `invoke` passes a context pointer through: the harness's (NULL or from `ssmk_context_create`).
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::ffi::c_void;
 

@@ -216,18 +216,17 @@ impl Batch {
                 });
             }
         }
-        let table =
-            |call: &mut Call, input: &mut Input, name, values: Vec<i64>, rows: usize| {
-                let dtype = input.pick(&INDEX);
-                call.tensor(
-                    input,
-                    name,
-                    Role::Input,
-                    dtype,
-                    &[rows, cols],
-                    Fill::Ints(values),
-                )
-            };
+        let table = |call: &mut Call, input: &mut Input, name, values: Vec<i64>, rows: usize| {
+            let dtype = input.pick(&INDEX);
+            call.tensor(
+                input,
+                name,
+                Role::Input,
+                dtype,
+                &[rows, cols],
+                Fill::Ints(values),
+            )
+        };
         let offsets = table(call, input, "checkpoint_offsets", offsets, b);
         let rows = if input.chance(16) { b + 1 } else { b };
         let slots = table(call, input, "checkpoint_slots", slots, rows);

@@ -237,3 +237,105 @@ fn every_isa_kda_gates_keep_nan() {
         }
     }
 }
+
+/// Found by `delta_rule_gdn` and `mamba2_scan` once they fuzzed checkpoint tables: `state` (or
+/// `out`) over `checkpoint_offsets` or `checkpoint_slots` was accepted. Both tables are now
+/// inputs every output must not overlap.
+#[test]
+fn outputs_must_not_overlap_checkpoint_tables() {
+    static ONE_BY_ONE: [i64; 2] = [1, 1];
+    let inside = |t: &Tensor| ssmk_tensor::cpu(t.base().cast(), DType::I32, &ONE_BY_ONE, None);
+    let (t, h, kd, vd) = (2usize, 1, 4, 4);
+    for (over_state, slots_inside) in [(false, false), (false, true), (true, false), (true, true)] {
+        let cu = Tensor::ints(DType::I32, &[0, t as i64]);
+        let own = Tensor::ints(DType::I32, &[1]);
+        let table = |host: &Tensor| {
+            let inner = inside(host);
+            let outer = own.desc();
+            let mut d = [outer, inner];
+            if !slots_inside {
+                d.swap(0, 1);
+            }
+            d
+        };
+        // The delta rule.
+        let (q, v) = (
+            Tensor::zeros(DType::F32, &[t, h, kd]),
+            Tensor::zeros(DType::F32, &[t, h, vd]),
+        );
+        let (g, beta) = (
+            Tensor::zeros(DType::F32, &[t, h]),
+            Tensor::zeros(DType::F32, &[t, h]),
+        );
+        let out = Tensor::zeros(DType::F32, &[t, h, vd]);
+        let state = Tensor::zeros(DType::F32, &[2, h, kd, vd]);
+        let [offsets, slots] = table(if over_state { &state } else { &out });
+        let (mut od, mut sd) = (out.desc(), state.desc());
+        let (o, s) = (out.bytes(), state.bytes());
+        let code = unsafe {
+            ssmk_gated_delta_rule(
+                Ctx::new(1).0,
+                &q.desc(),
+                &q.desc(),
+                &v.desc(),
+                &g.desc(),
+                &beta.desc(),
+                0.0,
+                &mut sd,
+                &cu.desc(),
+                null(),
+                null(),
+                null(),
+                0,
+                0.0,
+                -1,
+                &mut od,
+                &offsets,
+                &slots,
+            )
+        };
+        assert_error(code, SSMK_ERR_ALIASING, &["overlap"]);
+        assert!(
+            out.bytes() == o && state.bytes() == s,
+            "delta rule: written"
+        );
+        // The scan.
+        let x = Tensor::zeros(DType::F32, &[t, h, vd]);
+        let (a, b) = (
+            Tensor::zeros(DType::F32, &[h]),
+            Tensor::zeros(DType::F32, &[t, 1, kd]),
+        );
+        let out = Tensor::zeros(DType::F32, &[t, h, vd]);
+        let state = Tensor::zeros(DType::F32, &[2, h, vd, kd]);
+        let [offsets, slots] = table(if over_state { &state } else { &out });
+        let (mut od, mut sd) = (out.desc(), state.desc());
+        let (o, s) = (out.bytes(), state.bytes());
+        let code = unsafe {
+            ssmk_mamba2_scan(
+                Ctx::new(1).0,
+                &x.desc(),
+                &g.desc(),
+                &a.desc(),
+                &b.desc(),
+                &b.desc(),
+                null(),
+                null(),
+                null(),
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                0,
+                &mut sd,
+                &cu.desc(),
+                null(),
+                null(),
+                null(),
+                -1,
+                &mut od,
+                &offsets,
+                &slots,
+            )
+        };
+        assert_error(code, SSMK_ERR_ALIASING, &["overlap"]);
+        assert!(out.bytes() == o && state.bytes() == s, "scan: written");
+    }
+}

@@ -492,6 +492,8 @@ pub unsafe extern "C" fn ssmk_gated_delta_rule(
             state_indices.as_ref(),
             has_initial_state.as_ref(),
             num_accepted.as_ref(),
+            checkpoint_offsets.as_ref(),
+            checkpoint_slots.as_ref(),
         ];
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
 

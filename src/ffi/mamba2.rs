@@ -279,6 +279,8 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             state_indices.as_ref(),
             has_initial_state.as_ref(),
             num_accepted.as_ref(),
+            checkpoint_offsets.as_ref(),
+            checkpoint_slots.as_ref(),
         ];
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
         let mut sequences = parse_sequences(

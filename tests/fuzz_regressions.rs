@@ -87,100 +87,127 @@ impl Sequences {
     }
 }
 
-/// Found by `delta_rule_gdn` and `delta_rule_kda`: `out` (or the state pool) over
-/// `state_indices` was accepted, although the header promises SSMK_ERR_ALIASING for an output
-/// overlapping any input. Now every sequence table is checked, for both outputs.
-#[test]
-fn delta_rule_outputs_must_not_overlap_sequence_tables() {
-    let (t, hv, kd, vd) = (1usize, 1, 4, 4);
-    for table in TABLES {
-        for over_state in [false, true] {
-            let q = Tensor::zeros(DType::F32, &[t, 1, kd]);
-            let k = Tensor::zeros(DType::F32, &[t, 1, kd]);
-            let v = Tensor::zeros(DType::F32, &[t, hv, vd]);
-            let g = Tensor::zeros(DType::F32, &[t, hv]);
-            let beta = Tensor::zeros(DType::F32, &[t, hv]);
-            let out = Tensor::zeros(DType::F32, &[t, hv, vd]);
-            let state = Tensor::zeros(DType::F32, &[2, hv, kd, vd]);
-            let host = if over_state { &state } else { &out };
-            let seqs = Sequences::new(host, table, t as i64);
-            let (mut od, mut sd) = (out.desc(), state.desc());
-            let (o, s) = (out.bytes(), state.bytes());
-            let code = unsafe {
-                ssmk_gated_delta_rule(
-                    Ctx::new(1).0,
-                    &q.desc(),
-                    &k.desc(),
-                    &v.desc(),
-                    &g.desc(),
-                    &beta.desc(),
-                    0.0,
-                    &mut sd,
-                    seqs.ptr(0),
-                    seqs.ptr(1),
-                    seqs.ptr(2),
-                    seqs.ptr(3),
-                    0,
-                    0.0,
-                    -1,
-                    &mut od,
-                    null(),
-                    null(),
-                )
-            };
-            let output = if over_state { "state" } else { "out" };
-            assert_error(code, SSMK_ERR_ALIASING, &[output, "overlap"]);
-            assert!(out.bytes() == o && state.bytes() == s, "{table:?}: written");
+/// The two recurrent exports over zero inputs of `t` tokens and one head: the delta rule with
+/// K = V = 4 (`out [t, 1, 4]`, `state [2, 1, 4, 4]`), the scan with P = 2, N = 4 (`out [t, 1, 2]`,
+/// `state [2, 1, 2, 4]`).
+#[derive(Clone, Copy, Debug)]
+enum Export {
+    DeltaRule,
+    Scan,
+}
+
+impl Export {
+    /// Zero `out` and `state` of a call of `t` tokens.
+    fn outputs(self, t: usize) -> (Tensor, Tensor) {
+        let (p, n) = match self {
+            Export::DeltaRule => (4, 4),
+            Export::Scan => (2, 4),
+        };
+        let zeros = |shape: &[usize]| Tensor::zeros(DType::F32, shape);
+        match self {
+            Export::DeltaRule => (zeros(&[t, 1, p]), zeros(&[2, 1, n, p])),
+            Export::Scan => (zeros(&[t, 1, p]), zeros(&[2, 1, p, n])),
+        }
+    }
+
+    /// The call writing `out` and `state` (from [`Export::outputs`]) with the sequence tables
+    /// `seqs` (`cu_seqlens`, `state_indices`, `has_initial_state`, `num_accepted_tokens`) and the
+    /// checkpoint tables.
+    fn call(
+        self,
+        out: &Tensor,
+        state: &Tensor,
+        seqs: [*const ssmk_tensor; 4],
+        checkpoints: [*const ssmk_tensor; 2],
+    ) -> i32 {
+        let t = out.shape[0] as usize;
+        let zeros = |shape: &[usize]| Tensor::zeros(DType::F32, shape);
+        let (mut od, mut sd) = (out.desc(), state.desc());
+        let [cu, idx, init, accepted] = seqs;
+        let [offsets, slots] = checkpoints;
+        match self {
+            Export::DeltaRule => {
+                let (qk, v, g) = (zeros(&[t, 1, 4]), zeros(&[t, 1, 4]), zeros(&[t, 1]));
+                unsafe {
+                    ssmk_gated_delta_rule(
+                        Ctx::new(1).0,
+                        &qk.desc(),
+                        &qk.desc(),
+                        &v.desc(),
+                        &g.desc(),
+                        &g.desc(),
+                        0.0,
+                        &mut sd,
+                        cu,
+                        idx,
+                        init,
+                        accepted,
+                        0,
+                        0.0,
+                        -1,
+                        &mut od,
+                        offsets,
+                        slots,
+                    )
+                }
+            }
+            Export::Scan => {
+                let (x, dt, a, bc) = (
+                    zeros(&[t, 1, 2]),
+                    zeros(&[t, 1]),
+                    zeros(&[1]),
+                    zeros(&[t, 1, 4]),
+                );
+                unsafe {
+                    ssmk_mamba2_scan(
+                        Ctx::new(1).0,
+                        &x.desc(),
+                        &dt.desc(),
+                        &a.desc(),
+                        &bc.desc(),
+                        &bc.desc(),
+                        null(),
+                        null(),
+                        null(),
+                        f32::NEG_INFINITY,
+                        f32::INFINITY,
+                        0,
+                        &mut sd,
+                        cu,
+                        idx,
+                        init,
+                        accepted,
+                        -1,
+                        &mut od,
+                        offsets,
+                        slots,
+                    )
+                }
+            }
         }
     }
 }
 
-/// The same finding in `ssmk_mamba2_scan`, which shares the sequence rules (found by
-/// `mamba2_scan` once the delta rule was fixed; the same fix).
+/// Found by `delta_rule_gdn` and `delta_rule_kda`, then by `mamba2_scan` (the same fix): `out`
+/// (or the state pool) over a sequence table was accepted, although the headers promise
+/// SSMK_ERR_ALIASING for an output overlapping any input. Now every sequence table is checked,
+/// for both outputs.
 #[test]
-fn mamba2_outputs_must_not_overlap_sequence_tables() {
-    let (t, nh, p, n) = (1usize, 1, 2, 4);
-    for table in TABLES {
-        for over_state in [false, true] {
-            let x = Tensor::zeros(DType::F32, &[t, nh, p]);
-            let dt = Tensor::zeros(DType::F32, &[t, nh]);
-            let a = Tensor::zeros(DType::F32, &[nh]);
-            let b = Tensor::zeros(DType::F32, &[t, 1, n]);
-            let c = Tensor::zeros(DType::F32, &[t, 1, n]);
-            let out = Tensor::zeros(DType::F32, &[t, nh, p]);
-            let state = Tensor::zeros(DType::F32, &[2, nh, p, n]);
-            let host = if over_state { &state } else { &out };
-            let seqs = Sequences::new(host, table, t as i64);
-            let (mut od, mut sd) = (out.desc(), state.desc());
-            let (o, s) = (out.bytes(), state.bytes());
-            let code = unsafe {
-                ssmk_mamba2_scan(
-                    Ctx::new(1).0,
-                    &x.desc(),
-                    &dt.desc(),
-                    &a.desc(),
-                    &b.desc(),
-                    &c.desc(),
-                    null(),
-                    null(),
-                    null(),
-                    f32::NEG_INFINITY,
-                    f32::INFINITY,
-                    0,
-                    &mut sd,
-                    seqs.ptr(0),
-                    seqs.ptr(1),
-                    seqs.ptr(2),
-                    seqs.ptr(3),
-                    -1,
-                    &mut od,
-                    null(),
-                    null(),
-                )
-            };
-            let output = if over_state { "state" } else { "out" };
-            assert_error(code, SSMK_ERR_ALIASING, &[output, "overlap"]);
-            assert!(out.bytes() == o && state.bytes() == s, "{table:?}: written");
+fn outputs_must_not_overlap_sequence_tables() {
+    for export in [Export::DeltaRule, Export::Scan] {
+        for table in TABLES {
+            for over_state in [false, true] {
+                let (out, state) = export.outputs(1);
+                let host = if over_state { &state } else { &out };
+                let seqs = Sequences::new(host, table, 1);
+                let (o, s) = (out.bytes(), state.bytes());
+                let tables = std::array::from_fn(|i| seqs.ptr(i));
+                let code = export.call(&out, &state, tables, [null(), null()]);
+                let output = if over_state { "state" } else { "out" };
+                assert_error(code, SSMK_ERR_ALIASING, &[output, "overlap"]);
+                let what = format!("{export:?} {table:?}");
+                assert!(out.bytes() == o && state.bytes() == s, "{what}: written");
+            }
         }
     }
 }
@@ -244,98 +271,28 @@ fn every_isa_kda_gates_keep_nan() {
 #[test]
 fn outputs_must_not_overlap_checkpoint_tables() {
     static ONE_BY_ONE: [i64; 2] = [1, 1];
-    let inside = |t: &Tensor| ssmk_tensor::cpu(t.base().cast(), DType::I32, &ONE_BY_ONE, None);
-    let (t, h, kd, vd) = (2usize, 1, 4, 4);
-    for (over_state, slots_inside) in [(false, false), (false, true), (true, false), (true, true)] {
-        let cu = Tensor::ints(DType::I32, &[0, t as i64]);
-        let own = Tensor::ints(DType::I32, &[1]);
-        let table = |host: &Tensor| {
-            let inner = inside(host);
-            let outer = own.desc();
-            let mut d = [outer, inner];
+    let cu = Tensor::ints(DType::I32, &[0, 2]);
+    let own = Tensor::ints(DType::I32, &[1]);
+    let cu_desc = cu.desc();
+    for export in [Export::DeltaRule, Export::Scan] {
+        for (over_state, slots_inside) in
+            [(false, false), (false, true), (true, false), (true, true)]
+        {
+            let (out, state) = export.outputs(2);
+            let host = if over_state { &state } else { &out };
+            let inside = ssmk_tensor::cpu(host.base().cast(), DType::I32, &ONE_BY_ONE, None);
+            let mut tables = [own.desc(), inside];
             if !slots_inside {
-                d.swap(0, 1);
+                tables.swap(0, 1);
             }
-            d
-        };
-        // The delta rule.
-        let (q, v) = (
-            Tensor::zeros(DType::F32, &[t, h, kd]),
-            Tensor::zeros(DType::F32, &[t, h, vd]),
-        );
-        let (g, beta) = (
-            Tensor::zeros(DType::F32, &[t, h]),
-            Tensor::zeros(DType::F32, &[t, h]),
-        );
-        let out = Tensor::zeros(DType::F32, &[t, h, vd]);
-        let state = Tensor::zeros(DType::F32, &[2, h, kd, vd]);
-        let [offsets, slots] = table(if over_state { &state } else { &out });
-        let (mut od, mut sd) = (out.desc(), state.desc());
-        let (o, s) = (out.bytes(), state.bytes());
-        let code = unsafe {
-            ssmk_gated_delta_rule(
-                Ctx::new(1).0,
-                &q.desc(),
-                &q.desc(),
-                &v.desc(),
-                &g.desc(),
-                &beta.desc(),
-                0.0,
-                &mut sd,
-                &cu.desc(),
-                null(),
-                null(),
-                null(),
-                0,
-                0.0,
-                -1,
-                &mut od,
-                &offsets,
-                &slots,
-            )
-        };
-        assert_error(code, SSMK_ERR_ALIASING, &["overlap"]);
-        assert!(
-            out.bytes() == o && state.bytes() == s,
-            "delta rule: written"
-        );
-        // The scan.
-        let x = Tensor::zeros(DType::F32, &[t, h, vd]);
-        let (a, b) = (
-            Tensor::zeros(DType::F32, &[h]),
-            Tensor::zeros(DType::F32, &[t, 1, kd]),
-        );
-        let out = Tensor::zeros(DType::F32, &[t, h, vd]);
-        let state = Tensor::zeros(DType::F32, &[2, h, vd, kd]);
-        let [offsets, slots] = table(if over_state { &state } else { &out });
-        let (mut od, mut sd) = (out.desc(), state.desc());
-        let (o, s) = (out.bytes(), state.bytes());
-        let code = unsafe {
-            ssmk_mamba2_scan(
-                Ctx::new(1).0,
-                &x.desc(),
-                &g.desc(),
-                &a.desc(),
-                &b.desc(),
-                &b.desc(),
-                null(),
-                null(),
-                null(),
-                f32::NEG_INFINITY,
-                f32::INFINITY,
-                0,
-                &mut sd,
-                &cu.desc(),
-                null(),
-                null(),
-                null(),
-                -1,
-                &mut od,
-                &offsets,
-                &slots,
-            )
-        };
-        assert_error(code, SSMK_ERR_ALIASING, &["overlap"]);
-        assert!(out.bytes() == o && state.bytes() == s, "scan: written");
+            let (o, s) = (out.bytes(), state.bytes());
+            let seqs = [&cu_desc as *const ssmk_tensor, null(), null(), null()];
+            let code = export.call(&out, &state, seqs, [&tables[0], &tables[1]]);
+            assert_error(code, SSMK_ERR_ALIASING, &["overlap"]);
+            assert!(
+                out.bytes() == o && state.bytes() == s,
+                "{export:?}: written"
+            );
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! context that owns a private, lazily built thread pool (never rayon's global pool).
 
 use std::cell::Cell;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 use rayon::prelude::*;
 
@@ -205,6 +206,16 @@ pub fn default_threads() -> usize {
 pub struct Context {
     threads: usize,
     pool: OnceLock<Option<rayon::ThreadPool>>,
+    /// Set on a [`Context::recording`] context: the passes its calls ran.
+    recorder: Option<Mutex<Vec<Pass>>>,
+}
+
+/// One [`Context::for_each`] of a recorded call: how long each of its tasks took, in task order.
+/// The passes of a call run one after another (each `for_each` returns when its last task has),
+/// so a call is its passes in order plus whatever ran on the calling thread outside them.
+#[derive(Clone, Debug, Default)]
+pub struct Pass {
+    pub task_seconds: Vec<f64>,
 }
 
 impl Context {
@@ -218,7 +229,27 @@ impl Context {
         Context {
             threads,
             pool: OnceLock::new(),
+            recorder: None,
         }
+    }
+
+    /// A context that splits every call exactly as a `threads`-thread context would, but runs
+    /// the tasks one after another on the calling thread and records how long each took: the
+    /// real tasks of the real call, for replaying on any number of simulated workers (the
+    /// benchmark's `--simulate-threads`). Results are those of any other context: bitwise equal
+    /// whatever the thread count.
+    pub fn recording(threads: usize) -> Context {
+        Context {
+            recorder: Some(Mutex::new(Vec::new())),
+            ..Context::new(threads.clamp(1, u32::MAX as usize) as u32)
+        }
+    }
+
+    /// The passes recorded since the last call (empty unless [`Context::recording`]).
+    pub fn take_passes(&self) -> Vec<Pass> {
+        self.recorder.as_ref().map_or_else(Vec::new, |r| {
+            std::mem::take(&mut *r.lock().unwrap_or_else(|e| e.into_inner()))
+        })
     }
 
     /// The process-wide context used when a call passes NULL.
@@ -247,6 +278,18 @@ impl Context {
     /// caller's thread and starts nothing; otherwise tasks are spread over the private pool. If
     /// the pool cannot be built the tasks run inline: results never depend on where a task ran.
     pub fn for_each(&self, n: usize, task: impl Fn(usize) + Send + Sync) {
+        if let Some(recorder) = &self.recorder {
+            let task_seconds = (0..n)
+                .map(|i| {
+                    let start = Instant::now();
+                    task(i);
+                    start.elapsed().as_secs_f64()
+                })
+                .collect();
+            let mut passes = recorder.lock().unwrap_or_else(|e| e.into_inner());
+            passes.push(Pass { task_seconds });
+            return;
+        }
         if self.threads <= 1 || n <= 1 {
             (0..n).for_each(task);
             return;
@@ -309,6 +352,26 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn recording_runs_inline_and_keeps_every_pass() {
+        let ctx = Context::recording(64);
+        assert_eq!(ctx.threads(), 64);
+        let caller = std::thread::current().id();
+        let seen = std::sync::Mutex::new(Vec::new());
+        ctx.for_each(3, |i| {
+            assert_eq!(std::thread::current().id(), caller);
+            seen.lock().unwrap().push(i);
+        });
+        ctx.for_each(1, |i| seen.lock().unwrap().push(10 + i));
+        assert_eq!(*seen.lock().unwrap(), vec![0, 1, 2, 10]);
+        let passes = ctx.take_passes();
+        let tasks: Vec<usize> = passes.iter().map(|p| p.task_seconds.len()).collect();
+        assert_eq!(tasks, vec![3, 1]);
+        assert!(ctx.take_passes().is_empty());
+        assert!(ctx.pool.get().is_none(), "a recording context runs no pool");
+        assert!(Context::new(4).take_passes().is_empty());
     }
 
     #[test]

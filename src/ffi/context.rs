@@ -12,6 +12,22 @@ pub struct ssmk_context {
     pub(crate) inner: Context,
 }
 
+impl ssmk_context {
+    /// A context for Rust callers (the benchmark's `--simulate-threads`) that splits calls as
+    /// `threads` threads would and records their tasks ([`Context::recording`]); free it with
+    /// `ssmk_context_destroy`. Not part of the C ABI.
+    pub fn recording(threads: usize) -> *mut ssmk_context {
+        Box::into_raw(Box::new(ssmk_context {
+            inner: Context::recording(threads),
+        }))
+    }
+
+    /// The runtime context behind the handle.
+    pub fn runtime(&self) -> &Context {
+        &self.inner
+    }
+}
+
 /// Creates a context that runs kernels on `num_threads` threads.
 ///
 /// @param num_threads 1 runs every kernel on the calling thread and never starts a thread;

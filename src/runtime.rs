@@ -179,10 +179,11 @@ pub fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     with_thread_local(&FORCED_ISA, Some(isa.for_this_cpu()), f)
 }
 
-/// Runs `f` with every conv and ShortConv call it makes on this thread spreading its tasks over
-/// the context's threads however small the call. They otherwise keep small calls on the calling
-/// thread, where waking the pool would cost more than it saves; tests use this to check that
-/// results do not depend on the thread count on problems of any size.
+/// Runs `f` with every call it makes on this thread spreading its tasks over the context's
+/// threads however small the call. Calls otherwise keep small work on the calling thread (the
+/// conv and ShortConv below [`crate::kernels::conv`]'s output count, decodes below
+/// [`MIN_PARALLEL_BYTES`]), where waking the pool would cost more than it saves; tests use this
+/// to check that results do not depend on the thread count on problems of any size.
 pub fn with_every_call_parallel<R>(f: impl FnOnce() -> R) -> R {
     with_thread_local(&EVERY_CALL_PARALLEL, true, f)
 }
@@ -191,6 +192,13 @@ pub fn with_every_call_parallel<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) fn every_call_parallel() -> bool {
     EVERY_CALL_PARALLEL.get()
 }
+
+/// Work that moves fewer bytes than this (2 MiB) stays on the calling thread: about 60 us at the
+/// ~35 GB/s one core streams a decode's state, where handing out and joining a pass costs 10 us
+/// with the pool's workers still spinning and 20-25 us once they sleep (measured on the
+/// development VM, Zen 5), so two threads could save at most the wake-up they pay. A decode of one
+/// Mamba-1 layer (1 MiB of state) stays; one of Gated DeltaNet or Mamba-2 (4-8 MiB) spreads.
+pub(crate) const MIN_PARALLEL_BYTES: usize = 2 << 20;
 
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.
 pub fn default_threads() -> usize {
@@ -274,6 +282,15 @@ impl Context {
             .as_ref()
     }
 
+    /// [`Context::for_each`] for work that moves about `bytes` (state read and written, rows in
+    /// and out): below [`MIN_PARALLEL_BYTES`] the tasks run in order on the calling thread.
+    pub fn for_each_moving(&self, n: usize, bytes: usize, task: impl Fn(usize) + Send + Sync) {
+        match bytes < MIN_PARALLEL_BYTES && !every_call_parallel() {
+            true => (0..n).for_each(task),
+            false => self.for_each(n, task),
+        }
+    }
+
     /// Runs `task(i)` for every `i in 0..n`. With one thread (or one task) it runs in order on the
     /// caller's thread and starts nothing; otherwise tasks are spread over the private pool. If
     /// the pool cannot be built the tasks run inline: results never depend on where a task ran.
@@ -352,6 +369,27 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn small_work_stays_on_the_calling_thread() {
+        let ctx = Context::new(2);
+        let caller = std::thread::current().id();
+        let on_caller = |bytes: usize| {
+            let hits = AtomicUsize::new(0);
+            ctx.for_each_moving(8, bytes, |_| {
+                if std::thread::current().id() == caller {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            hits.load(Ordering::Relaxed)
+        };
+        assert_eq!(on_caller(MIN_PARALLEL_BYTES - 1), 8);
+        assert!(with_every_call_parallel(|| on_caller(1)) < 8);
+        assert!(
+            on_caller(MIN_PARALLEL_BYTES) < 8,
+            "large work runs on the pool"
+        );
     }
 
     #[test]

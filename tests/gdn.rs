@@ -26,7 +26,7 @@ use ssmk::ffi::gdn::{
 };
 use ssmk::ffi::status::*;
 use ssmk::kernels::gdn::Path;
-use ssmk::runtime::Isa;
+use ssmk::runtime::{Isa, with_every_call_parallel};
 use ssmk::tensor::ssmk_tensor;
 
 /// One call's tensors.
@@ -973,7 +973,10 @@ fn threads_case(kda: bool) {
             _ => ssmk_context_create(threads),
         };
         let mut a = p.clone();
-        a.run(Path::Auto, ctx, &format!("kda {kda}, {threads} threads"));
+        // Small as it is, every call spreads its tasks (decodes would otherwise stay inline).
+        with_every_call_parallel(|| {
+            a.run(Path::Auto, ctx, &format!("kda {kda}, {threads} threads"))
+        });
         unsafe { ssmk_context_destroy(ctx) };
         results.push((threads, a.out.bytes(), a.state.as_ref().unwrap().bytes()));
     }

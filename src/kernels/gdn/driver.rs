@@ -11,6 +11,7 @@ use super::gating::KdaGating;
 use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
 use crate::error::{Error, Result, Status};
 use crate::kernels::chunking::{Plan, Waves, with_scratch};
+use crate::kernels::recurrent_bytes;
 use crate::runtime::{Context, Isa};
 
 pub(super) type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
@@ -140,8 +141,18 @@ unsafe fn run_simple_task(kernels: &Kernels, args: &DeltaRule, simple: &[usize],
     }
 }
 
+/// The recurrent and padded sequences alone (a call with no chunked one): on the calling thread
+/// when they move little (a decode of a few sequences, see [`Context::for_each_moving`]).
 fn run_simple(ctx: &Context, kernels: &Kernels, args: &DeltaRule, simple: &[usize]) {
-    ctx.for_each(simple.len() * args.v_heads, |task| {
+    let state_size = args.state.as_ref().map_or(4, |s| s.dtype.size());
+    let head_bytes = args.k_dim * args.v_dim * state_size;
+    let bytes = recurrent_bytes(
+        &args.sequences,
+        simple.iter().copied(),
+        args.v_heads,
+        head_bytes,
+    );
+    ctx.for_each_moving(simple.len() * args.v_heads, bytes, |task| {
         // SAFETY: each task owns its sequence's output rows and slots for one v-head.
         unsafe { run_simple_task(kernels, args, simple, task) }
     });

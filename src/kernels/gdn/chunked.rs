@@ -211,6 +211,7 @@ pub unsafe fn intra_task(
         c,
         chunk,
         h,
+        members: (0, layout.group),
         next: (chunk.start + chunk.len, h),
     };
     let mut buf = TaskBuffer::take(intra_floats(args));
@@ -308,11 +309,17 @@ pub struct Pass1<'a> {
     c: usize,
     chunk: Chunk,
     h: usize,
+    /// The v-heads of the group (numbers `start..end`) this task prepares.
+    members: (usize, usize),
     /// The first token and q/k head of this thread's next pass-1 work, whose rows it prefetches.
     next: (usize, usize),
 }
 
 impl Pass1<'_> {
+    fn members(&self) -> Range<usize> {
+        self.members.0..self.members.1
+    }
+
     /// The scratch of v-head number `j` of the group.
     fn head(&self, j: usize) -> HeadScratch {
         self.layout.head(self.scratch, self.c, self.h, j)
@@ -352,7 +359,7 @@ unsafe fn intra_per_head<S: Simd>(
     next: &mut NextChunk,
     each: EachHead,
 ) {
-    let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
+    let (args, chunk, h) = (task.args, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let Work { q, k, kk } = work;
@@ -394,7 +401,7 @@ unsafe fn intra_per_head<S: Simd>(
     let mut beta = [0f32; C];
     let mut eg = [0f32; C];
     let mut etail = [0f32; C];
-    for j in 0..layout.group {
+    for j in task.members() {
         let hv = args.v_head(h, j);
         let hs = task.head(j);
         // Cumulative log-decay.
@@ -716,7 +723,7 @@ unsafe fn intra_per_channel<S: Simd>(
     next: &mut NextChunk,
     each: EachHead,
 ) {
-    let (args, layout, chunk) = (task.args, task.layout, task.chunk);
+    let (args, chunk) = (task.args, task.chunk);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let Work { q, k, kk } = work;
@@ -724,10 +731,11 @@ unsafe fn intra_per_channel<S: Simd>(
     let (a0, a1) = a.split_at_mut(C * kp);
     let (kk1, qk1) = pair.split_at_mut(C * C);
     let mut beta = [[0f32; C]; 2];
-    let mut j = 0;
-    while j < layout.group {
+    let members = task.members();
+    let mut j = members.start;
+    while j < members.end {
         // Two v-heads at a time share the pair loop's loads of k and q.
-        let heads = (layout.group - j).min(2);
+        let heads = (members.end - j).min(2);
         for (n, a) in [&mut *a0, &mut *a1].into_iter().enumerate().take(heads) {
             unsafe { decays::<S>(task, args.v_head(task.h, j + n), a, &mut beta[n], next) };
         }
@@ -909,18 +917,20 @@ pub unsafe fn inter<S: Simd>(
 /// complete, that v-head's pass 2, while its scratch is still in cache (one v-head block, reused:
 /// the same arithmetic as the two passes, so the same bits). The heads take each chunk in turn
 /// (their states stay in L2), so a token's rows of adjacent heads are read one after another.
-/// Pass 2 covers the state columns `cols` only (see [`inter`]): more tasks than heads when the
-/// threads outnumber them, each repeating pass 1.
+/// The task covers the v-heads numbered `members` in each group and the state columns `cols` of
+/// them (see [`inter`]): more tasks than heads when the threads outnumber them, each repeating
+/// the part of pass 1 its v-heads share.
 ///
 /// # Safety
 /// This task alone reads and writes the `cols` of the sequence's output rows and state slots of
-/// the v-heads of `qk_heads`; `chunks` are the sequence's.
+/// its v-heads (`members` of the groups of `qk_heads`); `chunks` are the sequence's.
 #[inline(always)]
 pub unsafe fn fused<S: Simd>(
     args: &DeltaRule,
     seq: &Sequence,
     chunks: &[Chunk],
     qk_heads: Range<usize>,
+    members: Range<usize>,
     cols: Range<usize>,
     steps: &Steps,
 ) {
@@ -935,7 +945,7 @@ pub unsafe fn fused<S: Simd>(
         v_dim: vd,
     };
     let scratch_floats = layout_of(0).chunk_size();
-    let per_head = group * kd * vd;
+    let per_head = members.len() * kd * vd;
     let states = qk_heads.len() * per_head;
     let mut buf = TaskBuffer::take(states + C * vd + scratch_floats + intra_floats(args));
     let mut rest = &mut buf[..];
@@ -943,10 +953,10 @@ pub unsafe fn fused<S: Simd>(
     let scratch = carve(&mut rest, scratch_floats).as_mut_ptr();
     let h0 = qk_heads.start;
     // Where v-head number `j` of q/k head `h` keeps its state.
-    let state_at = |h: usize, j: usize| ((h - h0) * group + j) * kd * vd;
+    let state_at = |h: usize, j: usize| ((h - h0) * members.len() + j - members.start) * kd * vd;
     unsafe {
         for h in qk_heads.clone() {
-            for j in 0..group {
+            for j in members.clone() {
                 let s = &mut states[state_at(h, j)..][..kd * vd];
                 load_state::<S>(args, seq, args.v_head(h, j), cols.clone(), s);
             }
@@ -970,13 +980,14 @@ pub unsafe fn fused<S: Simd>(
                     c: 0,
                     chunk,
                     h,
+                    members: (members.start, members.end),
                     next,
                 };
                 (steps.intra)(&task, rest, &mut inter);
             }
         }
         for h in qk_heads.clone() {
-            for j in 0..group {
+            for j in members.clone() {
                 let s = &states[state_at(h, j)..][..kd * vd];
                 store_state::<S>(args, seq, args.v_head(h, j), cols.clone(), s);
             }

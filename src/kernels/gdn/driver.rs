@@ -18,7 +18,8 @@ pub(super) type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
 pub(super) type IntraFn = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize);
 pub(super) type InterFn =
     unsafe fn(&DeltaRule, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize, Range<usize>);
-pub(super) type FusedFn = unsafe fn(&DeltaRule, &Sequence, &[Chunk], Range<usize>, Range<usize>);
+pub(super) type FusedFn =
+    unsafe fn(&DeltaRule, &Sequence, &[Chunk], Range<usize>, Range<usize>, Range<usize>);
 /// One row of `ssmk_kda_gating` (see [`super::gating::kda_gate_row`]).
 pub type KdaGateRowFn = unsafe fn(&KdaGating, &[f32], &[f32], usize, &mut [f32]);
 
@@ -107,9 +108,12 @@ macro_rules! gdn_entry_points {
                 seq: &Sequence,
                 chunks: &[Chunk],
                 qk_heads: Range<usize>,
+                members: Range<usize>,
                 cols: Range<usize>,
             ) {
-                unsafe { chunked::fused::<$simd>(args, seq, chunks, qk_heads, cols, &STEPS) }
+                unsafe {
+                    chunked::fused::<$simd>(args, seq, chunks, qk_heads, members, cols, &STEPS)
+                }
             }
 
             #[target_feature(enable = $features)]
@@ -187,25 +191,73 @@ const MIN_BLOCK_COLUMNS: usize = 32;
 /// unsplit one), which every column block of a head repeats.
 const PASS1_SHARE: f64 = 0.25;
 
-/// Blocks of state columns each of `units` (sequence, head) tasks is split into on `threads`
-/// threads: the count that minimises the predicted time, rounds of tasks times the time of one
-/// (pass 1 whole, pass 2 shared by the blocks); the fewest blocks among equals. 1 while the heads
-/// fill the threads (always on 1-2 threads), more on a socket, where one long prefill has fewer
-/// heads than cores. A call with checkpoints keeps whole states (see
-/// [`chunked::inter_chunk_checkpointed`]).
-fn column_blocks(args: &DeltaRule, units: usize, threads: usize) -> usize {
-    if !args.v_dim.is_multiple_of(MIN_BLOCK_COLUMNS)
-        || args.sequences.iter().any(|s| !s.checkpoints.is_empty())
-    {
-        return 1;
-    }
-    let cost = |blocks: usize| {
-        let rounds = (units * blocks).div_ceil(threads.max(1)) as f64;
-        rounds * (PASS1_SHARE + (1.0 - PASS1_SHARE) / blocks as f64)
+/// Share of a head's pass 1 that its v-heads have in common (loading q and k, `k k^T`, `q k^T`),
+/// which a task of some of them repeats; the rest is per v-head.
+const PASS1_COMMON: f64 = 0.5;
+
+/// How each (sequence, q/k head) pair is split into tasks when the pairs alone do not fill the
+/// threads: into runs of its group's v-heads and blocks of state columns.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Split {
+    member_runs: usize,
+    blocks: usize,
+}
+
+impl Split {
+    const WHOLE: Split = Split {
+        member_runs: 1,
+        blocks: 1,
     };
-    std::iter::successors(Some(1usize), |b| Some(b * 2))
-        .take_while(|&b| b <= args.v_dim / MIN_BLOCK_COLUMNS)
-        .fold(1, |best, b| if cost(b) < cost(best) { b } else { best })
+
+    fn ways(self) -> usize {
+        self.member_runs * self.blocks
+    }
+
+    /// Predicted time of `units` pairs split so on `threads` threads, in unsplit tasks: rounds
+    /// of tasks times one task (the common part of pass 1 whole, the rest shared by the runs,
+    /// pass 2 by runs and blocks).
+    fn cost(self, units: usize, threads: usize) -> f64 {
+        let rounds = (units * self.ways()).div_ceil(threads.max(1)) as f64;
+        let runs = self.member_runs as f64;
+        let pass1 = PASS1_SHARE * (PASS1_COMMON + (1.0 - PASS1_COMMON) / runs);
+        rounds * (pass1 + (1.0 - PASS1_SHARE) / self.ways() as f64)
+    }
+
+    /// The split of `units` pairs over `threads` threads that minimises [`Split::cost`] (the
+    /// fewest tasks among equals): whole pairs while they fill the threads (always on 1-2
+    /// threads), more on a socket, where one long prefill has fewer heads than cores. Runs of
+    /// v-heads only with `members` (the fused form; the waves' pass 2 is per v-head already);
+    /// column blocks of at least [`MIN_BLOCK_COLUMNS`], none with checkpoints (see
+    /// [`chunked::inter_chunk_checkpointed`]).
+    fn best(args: &DeltaRule, units: usize, threads: usize, members: bool) -> Split {
+        let powers = |most: usize| {
+            std::iter::successors(Some(1usize), |b| Some(b * 2)).take_while(move |&b| b <= most)
+        };
+        let group = args.v_heads / args.heads;
+        let most_runs = match members {
+            true => group,
+            false => 1,
+        };
+        let most_blocks = match args.v_dim.is_multiple_of(MIN_BLOCK_COLUMNS)
+            && args.sequences.iter().all(|s| s.checkpoints.is_empty())
+        {
+            true => args.v_dim / MIN_BLOCK_COLUMNS,
+            false => 1,
+        };
+        let mut best = Split::WHOLE;
+        for member_runs in powers(most_runs).filter(|r| group.is_multiple_of(*r)) {
+            for blocks in powers(most_blocks) {
+                let split = Split {
+                    member_runs,
+                    blocks,
+                };
+                if split.cost(units, threads) < best.cost(units, threads) {
+                    best = split;
+                }
+            }
+        }
+        best
+    }
 }
 
 /// Block `block` of `blocks` of the state columns.
@@ -242,17 +294,20 @@ pub unsafe fn gated_delta_rule(
         run_simple(ctx, kernels, args, &simple);
         return Ok(());
     }
-    // One task per (chunked sequence, run of q/k heads, block of state columns) when that keeps
-    // at least half the threads busy: each runs both passes chunk by chunk, its scratch in cache
-    // (the waves below stream their scratch through memory: over twice the work). A column block
-    // repeats its heads' pass 1, the price of more tasks than heads.
-    let blocks = column_blocks(args, chunked_seqs.len() * heads, ctx.threads());
-    if chunked_seqs.len() * heads * blocks >= ctx.threads().div_ceil(2) {
-        let per_task = match blocks {
-            1 => fused_heads_per_task(args, chunked_seqs.len(), ctx.threads()),
+    // One task per (chunked sequence, run of q/k heads or run of one head's v-heads, block of
+    // state columns) when that keeps at least half the threads busy: each runs both passes chunk
+    // by chunk, its scratch in cache (the waves below stream their scratch through memory: over
+    // twice the work). A split pair repeats part of its pass 1, the price of more tasks than
+    // heads.
+    let split = Split::best(args, chunked_seqs.len() * heads, ctx.threads(), true);
+    if chunked_seqs.len() * heads * split.ways() >= ctx.threads().div_ceil(2) {
+        let per_task = match split {
+            Split::WHOLE => fused_heads_per_task(args, chunked_seqs.len(), ctx.threads()),
             _ => 1,
         };
-        let per_seq = heads.div_ceil(per_task) * blocks;
+        let ways = split.ways();
+        let per_seq = heads.div_ceil(per_task) * ways;
+        let run_members = v_heads / heads / split.member_runs;
         let fused_tasks = chunked_seqs.len() * per_seq;
         ctx.for_each(fused_tasks + simple.len() * v_heads, |task| unsafe {
             // SAFETY: each task owns its sequence's output rows and slots for the columns of its
@@ -261,11 +316,13 @@ pub unsafe fn gated_delta_rule(
                 None => {
                     let (b, first, count) = chunked_seqs[task / per_seq];
                     let chunks = &chunks[first..first + count];
-                    let (run, block) = (task % per_seq / blocks, task % blocks);
+                    let (run, part) = (task % per_seq / ways, task % ways);
                     let h0 = run * per_task;
                     let qk_heads = h0..(h0 + per_task).min(heads);
-                    let cols = block_columns(args.v_dim, blocks, block);
-                    (kernels.fused)(args, &args.sequences[b], chunks, qk_heads, cols)
+                    let m0 = part / split.blocks * run_members;
+                    let members = m0..m0 + run_members;
+                    let cols = block_columns(args.v_dim, split.blocks, part % split.blocks);
+                    (kernels.fused)(args, &args.sequences[b], chunks, qk_heads, members, cols)
                 }
                 Some(simple_task) => run_simple_task(kernels, args, &simple, simple_task),
             }
@@ -276,7 +333,7 @@ pub unsafe fn gated_delta_rule(
     // K=V=128; process the q/k heads in waves just wide enough to keep every thread busy in pass
     // 2, reusing one buffer (kept per calling thread between calls: no page faults per call).
     let group = v_heads / heads;
-    let blocks = column_blocks(args, chunked_seqs.len() * v_heads, ctx.threads());
+    let blocks = Split::best(args, chunked_seqs.len() * v_heads, ctx.threads(), false).blocks;
     let wanted_tasks = 4 * ctx.threads();
     let wave = wanted_tasks
         .div_ceil(chunked_seqs.len() * group * blocks)

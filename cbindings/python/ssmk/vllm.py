@@ -421,6 +421,58 @@ def _register_mamba_mixer2(st, null_block_id):
     return SsmkMambaMixer2
 
 
+def _register_mamba_mixer(st, null_block_id):
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.custom_op import PluggableLayer
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+
+    @PluggableLayer.register_oot(name="MambaMixer")
+    class SsmkMambaMixer(MambaMixer):
+        """Mamba-1's mixer (Jamba, Mamba, Falcon-Mamba) on CPU, where vLLM 0.32 has none (its
+        prefill calls the CUDA ``_C.selective_scan_fwd``; its CPU decode keeps one ``A`` per
+        head, wrong for Mamba-1): one ``ssmk_causal_conv1d_fwd`` and one ``ssmk_mamba2_scan``
+        with ``A [d_inner, N]`` (ABI.md §4.9: ``d_inner`` heads of ``P = 1``, ``G = 1``) per
+        layer step over decodes and prefills, in place on vLLM's pools."""
+
+        def forward_impl(self, hidden_states, output):
+            import torch
+
+            md = get_forward_context().attn_metadata
+            md = md.get(self.prefix) if md is not None else None
+            if md is None:  # profile run
+                return super().forward_impl(hidden_states, output)
+            conv_states = self.kv_cache[0]
+            conv_states = _sd(conv_states) if _conv_dim_first() else conv_states
+            nd, n_prefills = md.num_decodes, md.num_prefills
+            if (md.num_decode_tokens != nd or self.is_lora_enabled
+                    or conv_states.dtype != hidden_states.dtype):
+                _fallbacks["mamba1"] += 1
+                return super().forward_impl(hidden_states, output)
+            _calls["mamba1"] += 1
+            n = nd + md.num_prefill_tokens
+            qsl, idx, his = _decode_then_prefill(
+                md, _step_cache(md), nd, n_prefills, md.query_start_loc_p,
+                _flat_indices(md.state_indices_tensor_d), md.state_indices_tensor_p,
+                md.has_initial_states_p, hidden_states.device)
+            inner = self.A.shape[0]
+            xz = self.in_proj(hidden_states[:n])[0]
+            conv_out = st.causal_conv1d_fwd(
+                xz[:, :inner], _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl,
+                idx, his, activation=self.activation, pad_slot_id=null_block_id)
+            dt, B, C = self._ssm_transform(conv_out)
+            pool = self.kv_cache[1]
+            y = torch.empty_like(conv_out)
+            st.mamba2_scan(conv_out.unsqueeze(-1), dt.transpose(-2, -1), self.A,
+                           B.unsqueeze(1), C.unsqueeze(1), _f32(self.D, 1),
+                           xz[:, inner:].unsqueeze(-1), self._time_proj_bias(),
+                           dt_softplus=True, state=pool.unsqueeze(2), cu_seqlens=qsl,
+                           state_indices=idx, has_initial_state=his,
+                           pad_slot_id=null_block_id, out=y.unsqueeze(-1))
+            output[:n] = self.out_proj(y)[0]
+
+    return SsmkMambaMixer
+
+
 def _checkpoint_table(md, cache, nd, n_prefills, null_block_id):
     """vLLM's "align"-mode prefill checkpoints (one per prompt at most: offset into the prompt's
     query, destination block; offset 0 / the null block when none) as ssmk's ``[B, 1]`` tables
@@ -617,6 +669,8 @@ def _install():
 
     _register_mamba_mixer2(st, NULL_BLOCK_ID)
     _patched.append("mamba2")
+    _register_mamba_mixer(st, NULL_BLOCK_ID)
+    _patched.append("mamba1")
     ssd_combined._mamba_chunk_scan_combined_fwd = _make_chunk_scan(st)
     _patched.append("mamba2_prefill")
     cpu_key = ssu_dispatch.MambaBackendEnum.CPU

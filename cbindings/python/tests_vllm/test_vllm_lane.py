@@ -1,7 +1,8 @@
 """End-to-end check of the ssmk vLLM plugin (the CI lane ``.ci/vllm-lane`` runs this file).
 
 For every family vLLM's CPU backend serves (Qwen3.5 and Qwen3-Next: Gated DeltaNet; LFM2:
-ShortConv; Nemotron-H: Mamba-2) it builds a tiny random-weight checkpoint locally and runs vLLM
+ShortConv; Nemotron-H: Mamba-2), and Jamba (Mamba-1), which it serves only through the plugin,
+it builds a tiny random-weight checkpoint locally and runs vLLM
 offline generation (``enforce_eager``, greedy, logprobs and prompt logprobs), one engine per
 process, each engine serving several scenarios:
 
@@ -33,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h"]
+FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "jamba"]
 # Seams each family must reach (with ssmk), by scenario engine.
 SEAMS = {
     "qwen3_5": {"full": {"gdn", "zero_blocks"}, "chunked": {"gdn", "batch_memcpy", "zero_blocks"}},
@@ -42,14 +43,18 @@ SEAMS = {
     "lfm2": {"full": {"short_conv", "zero_blocks"},
              "chunked": {"short_conv", "batch_memcpy", "zero_blocks"}},
     "nemotron_h": {"full": {"mamba2", "batch_memcpy", "zero_blocks"}, "chunked": {"mamba2"}},
+    "jamba": {"full": {"mamba1", "batch_memcpy", "zero_blocks"}, "chunked": {"mamba1"}},
 }
 # The engine that runs with prefix caching (and so serves a repeated prompt, ``hit``, from the
 # cache). Nemotron-H: the full engine, because only a prefill longer than a block gets a state
 # checkpoint inside it (vLLM's "align" mode: the state at the prompt's last block boundary, which
 # the plugin has ssmk write straight into its cache block; vLLM's CPU path crashes there); its
-# chunked engine (prefix caching off) gives the cold runs the hits are compared with.
+# chunked engine (prefix caching off) gives the cold runs the hits are compared with. Jamba the
+# same, for symmetry with Nemotron-H (vLLM's scheduler cuts its prefills at the last block).
 PREFIX_CACHING = {"qwen3_5": "chunked", "qwen3_next": "chunked", "lfm2": "chunked",
-                  "nemotron_h": "full"}
+                  "nemotron_h": "full", "jamba": "full"}
+# Families whose vLLM layer asks for the state at a token inside a prefill (a checkpoint).
+PREFILL_CHECKPOINTS = {"nemotron_h"}
 
 # Families whose vLLM layers outside ssmk's are wrong on this vLLM build (compared with vLLM
 # without the plugin instead of Hugging Face; the HF deviation is still printed).
@@ -64,7 +69,11 @@ VLLM_WRONG = {"lfm2"}
 NOPLUGIN_REFUSES = {("qwen3_5", "full-noplugin"): ("Unexpected head dim size, 32",),
                     ("nemotron_h", "full-noplugin"): (
                         'mamba_mixer2.py", line 880, in conv_ssm_forward',
-                        "IndexError: index ", "is out of bounds for dimension 0")}
+                        "IndexError: index ", "is out of bounds for dimension 0"),
+                    # Jamba: vLLM's Mamba-1 mixer has no CPU path (the CUDA selective scan).
+                    ("jamba", "full-noplugin"): (
+                        'mamba_mixer.py", line 336, in forward_impl',
+                        "object has no attribute 'selective_scan_fwd'")}
 NOPLUGIN_MODES = {"lfm2": ["full-noplugin", "chunked-noplugin"],
                   "nemotron_h": ["full-noplugin", "chunked-noplugin"]}
 
@@ -253,7 +262,7 @@ class Checker:
 
 
 MAIN_KERNEL = {"qwen3_5": "gated_delta_rule", "qwen3_next": "gated_delta_rule",
-               "lfm2": "short_conv", "nemotron_h": "mamba2_scan"}
+               "lfm2": "short_conv", "nemotron_h": "mamba2_scan", "jamba": "mamba2_scan"}
 
 
 def check_family(family, results, models, chk):
@@ -272,11 +281,15 @@ def check_family(family, results, models, chk):
     pf, pc = full["probe"].get(kernel, {}), chunked["probe"].get(kernel, {})
     if PREFIX_CACHING[family] == "full":
         # Cache hits resume from stored states (cold0 shares batch3's first 128 tokens, hit0 and
-        # ext0 the extension's first 160), stored by checkpoints inside full prefills.
-        chk.true(f"{family}/full: prefills in one step, hits resumed from checkpoints",
+        # ext0 the extension's first 160), stored by checkpoints inside full prefills (Mamba-2;
+        # for Mamba-1, whose vLLM cache spec has no checkpoint block, vLLM's scheduler ends a
+        # step at the prompt's last block boundary instead).
+        ckpt = family in PREFILL_CHECKPOINTS
+        chk.true(f"{family}/full: prefills batched, hits resumed"
+                 + (" from checkpoints inside prefills" if ckpt else ""),
                  pf.get("max_tokens", 0) >= sum(PROMPT_LENS)
-                 and pf.get("continued_prefill", 0) > 0 and pf.get("checkpoints", 0) > 0,
-                 f"ssmk {kernel}: {pf}")
+                 and pf.get("continued_prefill", 0) > 0
+                 and (pf.get("checkpoints", 0) > 0) == ckpt, f"ssmk {kernel}: {pf}")
     else:
         chk.true(f"{family}/full: prefills in one step",
                  pf.get("max_tokens", 0) >= sum(PROMPT_LENS)
@@ -342,7 +355,7 @@ def check_family(family, results, models, chk):
     share = results[mode]["runs"].get("share0")
     if share is not None:
         chk.lines.append(f"  info {family}/{mode}/share0: a prompt sharing {SHARED} tokens with an "
-                         f"earlier {LONG}-token one, block {BLOCK}: num_cached_tokens "
+                         f"earlier {LONG}-token one: num_cached_tokens "
                          f"{share['cached']} (mamba_cache_mode 'align')")
     if mode == "full":
         # The chunked engine ran without prefix caching: its cold0 is a cold run.
@@ -362,8 +375,8 @@ load_general_plugins()  # through the installed entry point
 import ssmk.vllm as sv
 print("PATCHED", ",".join(sv.patched()))
 """
-ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,mamba2,mamba2_prefill,mamba2_decode,"
-             "batch_memcpy,zero_blocks")
+ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,mamba2,mamba1,mamba2_prefill,"
+             "mamba2_decode,batch_memcpy,zero_blocks")
 
 
 def check_registration(chk):

@@ -35,7 +35,9 @@ Seams (vLLM 0.32, ``mamba/`` = ``vllm/model_executor/layers/mamba/``):
 nothing patched. :func:`patched` lists the seams replaced in this process (logged once);
 :func:`calls` counts the calls each seam served with ssmk and :func:`fallbacks` the calls it
 handed back to vLLM's own code (cases ssmk's path does not take, e.g. a speculative-decode
-Mamba-2 step whose source and destination slots differ).
+Mamba-2 step whose source and destination slots differ). Calls with a prefill in them run on
+``torch.get_num_threads()`` threads, calls without one (decode steps) on the calling thread
+(``SSMK_VLLM_DECODE_THREADS``: default 1; 0 = as prefills).
 """
 
 import collections
@@ -166,6 +168,18 @@ def _peel(t, ndim):
     return t if t.dim() == ndim else None
 
 
+def _threads(n_prefills):
+    """ssmk's ``num_threads`` for a call: 0 (``torch.get_num_threads()``) when a prefill is in it,
+    else ``SSMK_VLLM_DECODE_THREADS`` (default 1: the calling thread). A decode step's kernel
+    work is tens of microseconds per layer, less than handing it to ssmk's pool costs when
+    vLLM's OpenMP workers are still spinning on the other cores after their GEMM (they are
+    pinned there: ssmk's worker waits for a timeslice); measured in README "vLLM"."""
+    return 0 if n_prefills else _decode_threads
+
+
+_decode_threads = max(0, int(os.environ.get("SSMK_VLLM_DECODE_THREADS", "1") or 0))
+
+
 def _activation(activation):
     if isinstance(activation, bool):
         return "silu" if activation else None
@@ -263,7 +277,7 @@ def _make_conv_update(st, original, null_block_id):
         out = torch.empty(xs.shape, dtype=xs.dtype, device=xs.device)
         st.causal_conv1d_update(xs, _sd(conv_state), weight, bias, idx, num_accepted_tokens,
                                 activation=_activation(activation), pad_slot_id=int(pad_slot_id),
-                                out=out)
+                                out=out, num_threads=_threads(0))
         return out.view(x.shape)
 
     return causal_conv1d_update_ssmk
@@ -296,19 +310,21 @@ def _make_gdn_nonspec(st):
         conv_out = st.causal_conv1d_fwd(x, _conv_weight(layer.conv1d), layer.conv1d.bias,
                                         _sd(layer.kv_cache[0]) if _conv_dim_first()
                                         else layer.kv_cache[0],
-                                        qsl, idx, his, activation=layer.activation)
+                                        qsl, idx, his, activation=layer.activation,
+                                        num_threads=_threads(n_prefills))
         tp = layer.tp_size
         hk, hv = layer.num_k_heads // tp, layer.num_v_heads // tp
         kd, vd = layer.head_k_dim, layer.head_v_dim
         q = conv_out[:, : hk * kd].view(n, hk, kd)
         k = conv_out[:, hk * kd: 2 * hk * kd].view(n, hk, kd)
         v = conv_out[:, 2 * hk * kd:].view(n, hv, vd)
-        g, beta = st.gdn_gating(layer.A_log, a[:n], b[:n], layer.dt_bias)
+        g, beta = st.gdn_gating(layer.A_log, a[:n], b[:n], layer.dt_bias,
+                                num_threads=_threads(n_prefills))
         pool = layer.kv_cache[1]
         pool = pool.view(pool.size(0), hv, kd, vd)
         st.gated_delta_rule(q, k, v, g, beta, state=pool, cu_seqlens=qsl, state_indices=idx,
                             has_initial_state=his, qk_l2norm=True, l2norm_eps=1e-6,
-                            out=core_attn_out[:n])
+                            out=core_attn_out[:n], num_threads=_threads(n_prefills))
 
     return cpu_gdn_attention_nonspec_ssmk
 
@@ -348,7 +364,7 @@ def _register_short_conv(st):
             pool = self.kv_cache[0]
             conv_states = _sd(pool) if _conv_dim_first() else pool
             y = st.short_conv(bcx, _conv_weight(self.conv), self.conv.bias, conv_states, qsl, idx,
-                              his)
+                              his, num_threads=_threads(n_prefills))
             output[:n], _ = self.out_proj(y)
 
     return SsmkShortConv
@@ -404,7 +420,8 @@ def _register_mamba_mixer2(st, null_block_id):
             conv_out = st.causal_conv1d_fwd(
                 xbc, _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
                 activation=self.activation, pad_slot_id=null_block_id,
-                checkpoint_offsets=offsets, checkpoint_slots=slots)
+                checkpoint_offsets=offsets, checkpoint_slots=slots,
+                num_threads=_threads(n_prefills))
             nh, p = self.num_heads // self.tp_size, self.head_dim
             g, ns = self.n_groups // self.tp_size, self.ssm_state_size
             inner = self.tped_intermediate_size
@@ -416,7 +433,8 @@ def _register_mamba_mixer2(st, null_block_id):
                            _f32(self.dt_bias, 1), dt_softplus=True, state=self.kv_cache[1],
                            cu_seqlens=qsl, state_indices=idx, has_initial_state=his,
                            pad_slot_id=null_block_id, out=output[:n].view(n, nh, p),
-                           checkpoint_offsets=offsets, checkpoint_slots=slots)
+                           checkpoint_offsets=offsets, checkpoint_slots=slots,
+                           num_threads=_threads(n_prefills))
 
     return SsmkMambaMixer2
 
@@ -444,8 +462,7 @@ def _register_mamba_mixer(st, null_block_id):
             conv_states = self.kv_cache[0]
             conv_states = _sd(conv_states) if _conv_dim_first() else conv_states
             nd, n_prefills = md.num_decodes, md.num_prefills
-            if (md.num_decode_tokens != nd or self.is_lora_enabled
-                    or conv_states.dtype != hidden_states.dtype):
+            if md.num_decode_tokens != nd:  # speculative decode, which vLLM's CPU path lacks
                 _fallbacks["mamba1"] += 1
                 return super().forward_impl(hidden_states, output)
             _calls["mamba1"] += 1
@@ -456,9 +473,13 @@ def _register_mamba_mixer(st, null_block_id):
                 md.has_initial_states_p, hidden_states.device)
             inner = self.A.shape[0]
             xz = self.in_proj(hidden_states[:n])[0]
+            x = xz[:, :inner]
+            if x.dtype != conv_states.dtype:  # a mamba_cache_dtype other than the model's
+                x = x.to(conv_states.dtype)
             conv_out = st.causal_conv1d_fwd(
-                xz[:, :inner], _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl,
-                idx, his, activation=self.activation, pad_slot_id=null_block_id)
+                x, _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
+                activation=self.activation, pad_slot_id=null_block_id,
+                num_threads=_threads(n_prefills)).to(xz.dtype)
             dt, B, C = self._ssm_transform(conv_out)
             pool = self.kv_cache[1]
             y = torch.empty_like(conv_out)
@@ -467,7 +488,8 @@ def _register_mamba_mixer(st, null_block_id):
                            xz[:, inner:].unsqueeze(-1), self._time_proj_bias(),
                            dt_softplus=True, state=pool.unsqueeze(2), cu_seqlens=qsl,
                            state_indices=idx, has_initial_state=his,
-                           pad_slot_id=null_block_id, out=y.unsqueeze(-1))
+                           pad_slot_id=null_block_id, out=y.unsqueeze(-1),
+                           num_threads=_threads(n_prefills))
             output[:n] = self.out_proj(y)[0]
 
     return SsmkMambaMixer
@@ -585,7 +607,8 @@ def _make_ssu_backend(st, cpu_backend_cls):
             st.mamba2_scan(x, dt2, a1.float(), B, C, d1.float() if d1 is not None else None, z,
                            b1.float() if b1 is not None else None, dt_softplus=bool(dt_softplus),
                            state=state, cu_seqlens=seqs, state_indices=src,
-                           has_initial_state=cont, pad_slot_id=int(null_block_id), out=out)
+                           has_initial_state=cont, pad_slot_id=int(null_block_id), out=out,
+                           num_threads=_threads(0))
             return out
 
     return SsmkSSUBackend

@@ -9,7 +9,9 @@ Random-weight models of realistic layer sizes, built locally (tests_vllm/tiny_mo
 
 Measures prompt tokens/s (``max_tokens=1`` on ``--prompt-len`` token prompts) and output tokens/s
 (``--out-len`` tokens after a 16-token prompt, decode time only) at each batch size and thread
-count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``).
+count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``);
+``--pool-decode`` adds a third run per row with the plugin's decode calls on ssmk's thread pool
+(``SSMK_VLLM_DECODE_THREADS=0``, what the plugin did before it ran them on the calling thread).
 
 ``--vllm-isa avx2`` (default) makes vLLM pick its AVX2 build (``_C_AVX2.abi3.so``) and its AVX2
 code paths on an AVX-512 machine, by answering False to torch's AVX-512/AMX capability queries
@@ -103,6 +105,8 @@ def main():
     ap.add_argument("--models", default="/tmp/ssmk-vllm-bench-models")
     ap.add_argument("--ssmk-threads", type=int, default=0,
                     help="threads of ssmk's calls (default: torch.get_num_threads() at each call)")
+    ap.add_argument("--pool-decode", action="store_true",
+                    help="also run the plugin with SSMK_VLLM_DECODE_THREADS=0 (column 'pool')")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--family")
     ap.add_argument("--batch", type=int)
@@ -112,16 +116,19 @@ def main():
         args.threads = int(args.threads)
         return child(args)
     rows = []
+    pool = args.pool_decode
     print("| family | threads | batch | prompt tok/s vLLM | + ssmk | ratio | output tok/s vLLM "
-          "| + ssmk | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| + ssmk | ratio |" + (" + ssmk, decode on its pool | ratio |" if pool else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pool else ""))
     for family in args.families.split(","):
         for threads in args.threads.split(","):
             for batch in args.batches.split(","):
                 res = {}
-                for plugin in ("0", "1"):
-                    env = dict(os.environ, SSMK_VLLM=plugin, OMP_NUM_THREADS=threads,
-                               SSMK_NUM_THREADS=threads)
+                for plugin in ("0", "1", "pool") if pool else ("0", "1"):
+                    env = dict(os.environ, SSMK_VLLM="1" if plugin == "pool" else plugin,
+                               OMP_NUM_THREADS=threads, SSMK_NUM_THREADS=threads)
+                    if plugin == "pool":
+                        env["SSMK_VLLM_DECODE_THREADS"] = "0"
                     if args.vllm_isa == "avx2":
                         env["SSMK_MAX_ISA"] = "avx2"
                     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--family",
@@ -143,9 +150,13 @@ def main():
                            calls=mine["calls"])
                 rows.append(row)
                 p, d = row["prefill"], row["decode"]
+                extra = ""
+                if pool:
+                    row["decode_pool"] = res["pool"]["decode_tok_s"]
+                    extra = f" {row['decode_pool']:.1f} | {row['decode_pool'] / d[0]:.2f}x |"
                 print(f"| {family} | {threads} | {batch} | {p[0]:.0f} | {p[1]:.0f} | "
-                      f"{p[1] / p[0]:.2f}x | {d[0]:.1f} | {d[1]:.1f} | {d[1] / d[0]:.2f}x |",
-                      flush=True)
+                      f"{p[1] / p[0]:.2f}x | {d[0]:.1f} | {d[1]:.1f} | {d[1] / d[0]:.2f}x |"
+                      + extra, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -20,7 +20,12 @@ Seams (vLLM 0.32, ``mamba/`` = ``vllm/model_executor/layers/mamba/``):
 ``gdn``                 ``ops.cpu.gdn_attention._cpu_gdn_attention_nonspec`` (Qwen3.5,
                         Qwen3-Next): conv + gates + delta rule, decodes and prefills in one
                         call each
-``mamba2_prefill``      ``ops.ssd_combined._mamba_chunk_scan_combined_fwd``
+``mamba2``              ``MambaMixer2`` (Nemotron-H, Granite-4 hybrid, Zamba-2, Falcon-H1 ...)
+                        through ``PluggableLayer.register_oot``: conv + scan, decodes and
+                        prefills in one call each, in place on the pools, prefix caching's
+                        "align" checkpoints written into their blocks
+``mamba2_prefill``      ``ops.ssd_combined._mamba_chunk_scan_combined_fwd`` (Mamba-2 callers
+                        other than ``MambaMixer2``, and its fallbacks)
 ``mamba2_decode``       ``ops.ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU]``
 ``batch_memcpy``        ``vllm.utils.cpu_triton_utils._batch_memcpy_impl``
 ``zero_blocks``         ``CPUModelRunner._zero_block_ids``
@@ -30,7 +35,9 @@ Seams (vLLM 0.32, ``mamba/`` = ``vllm/model_executor/layers/mamba/``):
 nothing patched. :func:`patched` lists the seams replaced in this process (logged once);
 :func:`calls` counts the calls each seam served with ssmk and :func:`fallbacks` the calls it
 handed back to vLLM's own code (cases ssmk's path does not take, e.g. a speculative-decode
-Mamba-2 step whose source and destination slots differ).
+Mamba-2 step whose source and destination slots differ). Calls with a prefill in them run on
+``torch.get_num_threads()`` threads, calls without one (decode steps) on the calling thread
+(``SSMK_VLLM_DECODE_THREADS``: default 1; 0 = as prefills).
 """
 
 import collections
@@ -161,6 +168,18 @@ def _peel(t, ndim):
     return t if t.dim() == ndim else None
 
 
+def _threads(n_prefills):
+    """ssmk's ``num_threads`` for a call: 0 (``torch.get_num_threads()``) when a prefill is in it,
+    else ``SSMK_VLLM_DECODE_THREADS`` (default 1: the calling thread). A decode step's kernel
+    work is tens of microseconds per layer, less than handing it to ssmk's pool costs when
+    vLLM's OpenMP workers are still spinning on the other cores after their GEMM (they are
+    pinned there: ssmk's worker waits for a timeslice); measured in README "vLLM"."""
+    return 0 if n_prefills else _decode_threads
+
+
+_decode_threads = max(0, int(os.environ.get("SSMK_VLLM_DECODE_THREADS", "1") or 0))
+
+
 def _activation(activation):
     if isinstance(activation, bool):
         return "silu" if activation else None
@@ -258,7 +277,7 @@ def _make_conv_update(st, original, null_block_id):
         out = torch.empty(xs.shape, dtype=xs.dtype, device=xs.device)
         st.causal_conv1d_update(xs, _sd(conv_state), weight, bias, idx, num_accepted_tokens,
                                 activation=_activation(activation), pad_slot_id=int(pad_slot_id),
-                                out=out)
+                                out=out, num_threads=_threads(0))
         return out.view(x.shape)
 
     return causal_conv1d_update_ssmk
@@ -291,19 +310,21 @@ def _make_gdn_nonspec(st):
         conv_out = st.causal_conv1d_fwd(x, _conv_weight(layer.conv1d), layer.conv1d.bias,
                                         _sd(layer.kv_cache[0]) if _conv_dim_first()
                                         else layer.kv_cache[0],
-                                        qsl, idx, his, activation=layer.activation)
+                                        qsl, idx, his, activation=layer.activation,
+                                        num_threads=_threads(n_prefills))
         tp = layer.tp_size
         hk, hv = layer.num_k_heads // tp, layer.num_v_heads // tp
         kd, vd = layer.head_k_dim, layer.head_v_dim
         q = conv_out[:, : hk * kd].view(n, hk, kd)
         k = conv_out[:, hk * kd: 2 * hk * kd].view(n, hk, kd)
         v = conv_out[:, 2 * hk * kd:].view(n, hv, vd)
-        g, beta = st.gdn_gating(layer.A_log, a[:n], b[:n], layer.dt_bias)
+        g, beta = st.gdn_gating(layer.A_log, a[:n], b[:n], layer.dt_bias,
+                                num_threads=_threads(n_prefills))
         pool = layer.kv_cache[1]
         pool = pool.view(pool.size(0), hv, kd, vd)
         st.gated_delta_rule(q, k, v, g, beta, state=pool, cu_seqlens=qsl, state_indices=idx,
                             has_initial_state=his, qk_l2norm=True, l2norm_eps=1e-6,
-                            out=core_attn_out[:n])
+                            out=core_attn_out[:n], num_threads=_threads(n_prefills))
 
     return cpu_gdn_attention_nonspec_ssmk
 
@@ -343,7 +364,7 @@ def _register_short_conv(st):
             pool = self.kv_cache[0]
             conv_states = _sd(pool) if _conv_dim_first() else pool
             y = st.short_conv(bcx, _conv_weight(self.conv), self.conv.bias, conv_states, qsl, idx,
-                              his)
+                              his, num_threads=_threads(n_prefills))
             output[:n], _ = self.out_proj(y)
 
     return SsmkShortConv
@@ -351,6 +372,150 @@ def _register_short_conv(st):
 
 # ---------------------------------------------------------------------------------------------
 # Mamba-2 (Nemotron-H, Granite-4 hybrid, Mamba-2, Zamba-2, Falcon-H1 ...)
+
+
+def _register_mamba_mixer2(st, null_block_id):
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.custom_op import PluggableLayer
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    @PluggableLayer.register_oot(name="MambaMixer2")
+    class SsmkMambaMixer2(MambaMixer2):
+        """MambaMixer2 whose CPU step is one ``ssmk_causal_conv1d_fwd`` and one
+        ``ssmk_mamba2_scan`` over decodes (length-1 sequences) and prefills, on vLLM's pools.
+
+        vLLM's own step gathers the prefills' states into a copy, scans, scatters them back and,
+        in prefix caching's "align" mode, asks the scan for the state at every chunk end to copy
+        one per prompt into a checkpoint block (``store_prefill_checkpoint``, Triton only; the
+        CPU scan returns final states, hence its ``IndexError``). Here ssmk reads and writes the
+        slots in place and writes those checkpoints (conv and SSM state after
+        ``checkpoint_meta.checkpoint_offsets`` tokens, ABI.md §4.10) straight into their blocks.
+        Speculative decode and ReplaySSM go to vLLM's step (:func:`fallbacks`)."""
+
+        def conv_ssm_forward(self, projected_states, output):
+            md = get_forward_context().attn_metadata
+            md = md.get(self.prefix) if md is not None else None
+            if md is None:  # profile run
+                return super().conv_ssm_forward(projected_states, output)
+            if (self.use_replayssm or self.num_spec > 0 or md.num_accepted_tokens is not None
+                    or md.num_decode_tokens != md.num_decodes):
+                _fallbacks["mamba2"] += 1
+                return super().conv_ssm_forward(projected_states, output)
+            conv_states = self.kv_cache[0]
+            conv_states = _sd(conv_states) if _conv_dim_first() else conv_states
+            nd, n_prefills = md.num_decodes, md.num_prefills
+            n = nd + md.num_prefill_tokens
+            xbc = projected_states[:n, self.tped_intermediate_size:
+                                   self.tped_intermediate_size + self.tped_conv_size]
+            if xbc.dtype != conv_states.dtype:
+                _fallbacks["mamba2"] += 1
+                return super().conv_ssm_forward(projected_states, output)
+            _calls["mamba2"] += 1
+            cache = _step_cache(md)
+            qsl, idx, his = _decode_then_prefill(
+                md, cache, nd, n_prefills, md.query_start_loc_p,
+                _flat_indices(md.state_indices_tensor_d), md.state_indices_tensor_p,
+                md.has_initial_states_p, projected_states.device)
+            offsets, slots = _checkpoint_table(md, cache, nd, n_prefills, null_block_id)
+            conv_out = st.causal_conv1d_fwd(
+                xbc, _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
+                activation=self.activation, pad_slot_id=null_block_id,
+                checkpoint_offsets=offsets, checkpoint_slots=slots,
+                num_threads=_threads(n_prefills))
+            nh, p = self.num_heads // self.tp_size, self.head_dim
+            g, ns = self.n_groups // self.tp_size, self.ssm_state_size
+            inner = self.tped_intermediate_size
+            dt = projected_states[:n, inner + self.tped_conv_size:
+                                  inner + self.tped_conv_size + self.tped_dt_size]
+            st.mamba2_scan(conv_out[:, :inner].view(n, nh, p), dt, _f32(self.A, 1),
+                           conv_out[:, inner: inner + g * ns].view(n, g, ns),
+                           conv_out[:, inner + g * ns:].view(n, g, ns), _f32(self.D, 1), None,
+                           _f32(self.dt_bias, 1), dt_softplus=True, state=self.kv_cache[1],
+                           cu_seqlens=qsl, state_indices=idx, has_initial_state=his,
+                           pad_slot_id=null_block_id, out=output[:n].view(n, nh, p),
+                           checkpoint_offsets=offsets, checkpoint_slots=slots,
+                           num_threads=_threads(n_prefills))
+
+    return SsmkMambaMixer2
+
+
+def _register_mamba_mixer(st, null_block_id):
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.custom_op import PluggableLayer
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+
+    @PluggableLayer.register_oot(name="MambaMixer")
+    class SsmkMambaMixer(MambaMixer):
+        """Mamba-1's mixer (Jamba, Mamba, Falcon-Mamba) on CPU, where vLLM 0.32 has none (its
+        prefill calls the CUDA ``_C.selective_scan_fwd``; its CPU decode keeps one ``A`` per
+        head, wrong for Mamba-1): one ``ssmk_causal_conv1d_fwd`` and one ``ssmk_mamba2_scan``
+        with ``A [d_inner, N]`` (ABI.md §4.9: ``d_inner`` heads of ``P = 1``, ``G = 1``) per
+        layer step over decodes and prefills, in place on vLLM's pools."""
+
+        def forward_impl(self, hidden_states, output):
+            import torch
+
+            md = get_forward_context().attn_metadata
+            md = md.get(self.prefix) if md is not None else None
+            if md is None:  # profile run
+                return super().forward_impl(hidden_states, output)
+            conv_states = self.kv_cache[0]
+            conv_states = _sd(conv_states) if _conv_dim_first() else conv_states
+            nd, n_prefills = md.num_decodes, md.num_prefills
+            if md.num_decode_tokens != nd:  # speculative decode, which vLLM's CPU path lacks
+                _fallbacks["mamba1"] += 1
+                return super().forward_impl(hidden_states, output)
+            _calls["mamba1"] += 1
+            n = nd + md.num_prefill_tokens
+            qsl, idx, his = _decode_then_prefill(
+                md, _step_cache(md), nd, n_prefills, md.query_start_loc_p,
+                _flat_indices(md.state_indices_tensor_d), md.state_indices_tensor_p,
+                md.has_initial_states_p, hidden_states.device)
+            inner = self.A.shape[0]
+            xz = self.in_proj(hidden_states[:n])[0]
+            x = xz[:, :inner]
+            if x.dtype != conv_states.dtype:  # a mamba_cache_dtype other than the model's
+                x = x.to(conv_states.dtype)
+            conv_out = st.causal_conv1d_fwd(
+                x, _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
+                activation=self.activation, pad_slot_id=null_block_id,
+                num_threads=_threads(n_prefills)).to(xz.dtype)
+            dt, B, C = self._ssm_transform(conv_out)
+            pool = self.kv_cache[1]
+            y = torch.empty_like(conv_out)
+            st.mamba2_scan(conv_out.unsqueeze(-1), dt.transpose(-2, -1), self.A,
+                           B.unsqueeze(1), C.unsqueeze(1), _f32(self.D, 1),
+                           xz[:, inner:].unsqueeze(-1), self._time_proj_bias(),
+                           dt_softplus=True, state=pool.unsqueeze(2), cu_seqlens=qsl,
+                           state_indices=idx, has_initial_state=his,
+                           pad_slot_id=null_block_id, out=y.unsqueeze(-1),
+                           num_threads=_threads(n_prefills))
+            output[:n] = self.out_proj(y)[0]
+
+    return SsmkMambaMixer
+
+
+def _checkpoint_table(md, cache, nd, n_prefills, null_block_id):
+    """vLLM's "align"-mode prefill checkpoints (one per prompt at most: offset into the prompt's
+    query, destination block; offset 0 / the null block when none) as ssmk's ``[B, 1]`` tables
+    over the decode-then-prefill call; ``(None, None)`` when the step has none. Decode rows and
+    declined rows carry the null block, which is also the call's ``pad_slot_id``: ignored."""
+    meta = getattr(md, "checkpoint_meta", None)
+    if meta is None or n_prefills == 0:
+        return None, None
+    key = "checkpoints"
+    if key not in cache:
+        import torch
+
+        dev = meta.checkpoint_offsets.device
+        offsets = torch.zeros(nd + n_prefills, 1, dtype=torch.int32, device=dev)
+        slots = torch.full((nd + n_prefills, 1), null_block_id, dtype=torch.int32, device=dev)
+        offsets[nd:, 0] = meta.checkpoint_offsets[:n_prefills]
+        slots[nd:, 0] = torch.where(meta.checkpoint_offsets[:n_prefills] > 0,
+                                    meta.state_indices[:n_prefills].to(torch.int32),
+                                    null_block_id)
+        cache[key] = (offsets, slots)
+    return cache[key]
 
 
 def _make_chunk_scan(st):
@@ -364,9 +529,11 @@ def _make_chunk_scan(st):
         import torch
 
         if return_intermediate_states:
+            # Only MambaMixer2's own step asks for them, and the mamba2 seam serves that step
+            # whole; reached only when it fell back (speculative decode, ReplaySSM).
             raise NotImplementedError(
-                "ssmk.vllm: Mamba-2 prefix caching needs per-chunk state checkpoints, which "
-                "vLLM 0.32's CPU path lacks too (mamba_mixer2 IndexError); not wired in yet")
+                "ssmk.vllm: states at every chunk end (prefix caching's 'align' checkpoints) "
+                "are served by the MambaMixer2 seam, not in its fallback")
         _calls["mamba2_prefill"] += 1
         batch = cu_seqlens.numel() - 1
         nh, p = x.shape[1], x.shape[2]
@@ -440,7 +607,8 @@ def _make_ssu_backend(st, cpu_backend_cls):
             st.mamba2_scan(x, dt2, a1.float(), B, C, d1.float() if d1 is not None else None, z,
                            b1.float() if b1 is not None else None, dt_softplus=bool(dt_softplus),
                            state=state, cu_seqlens=seqs, state_indices=src,
-                           has_initial_state=cont, pad_slot_id=int(null_block_id), out=out)
+                           has_initial_state=cont, pad_slot_id=int(null_block_id), out=out,
+                           num_threads=_threads(0))
             return out
 
     return SsmkSSUBackend
@@ -522,6 +690,10 @@ def _install():
     _register_short_conv(st)
     _patched.append("short_conv")
 
+    _register_mamba_mixer2(st, NULL_BLOCK_ID)
+    _patched.append("mamba2")
+    _register_mamba_mixer(st, NULL_BLOCK_ID)
+    _patched.append("mamba1")
     ssd_combined._mamba_chunk_scan_combined_fwd = _make_chunk_scan(st)
     _patched.append("mamba2_prefill")
     cpu_key = ssu_dispatch.MambaBackendEnum.CPU

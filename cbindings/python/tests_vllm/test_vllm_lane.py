@@ -1,15 +1,19 @@
 """End-to-end check of the ssmk vLLM plugin (the CI lane ``.ci/vllm-lane`` runs this file).
 
 For every family vLLM's CPU backend serves (Qwen3.5 and Qwen3-Next: Gated DeltaNet; LFM2:
-ShortConv; Nemotron-H: Mamba-2) it builds a tiny random-weight checkpoint locally and runs vLLM
+ShortConv; Nemotron-H: Mamba-2), and Jamba (Mamba-1), which it serves only through the plugin,
+it builds a tiny random-weight checkpoint locally and runs vLLM
 offline generation (``enforce_eager``, greedy, logprobs and prompt logprobs), one engine per
 process, each engine serving several scenarios:
 
-* ``full``: a batch of prompts of mixed lengths, full prefill + 16 decode tokens; then, with
-  prefix caching on, the longest prompt again (a cache hit) and a prompt extending it (a hit on
-  its prefix);
-* ``chunked``: the same batch and the extension with ``max_num_batched_tokens`` below the
-  shortest prompt, so that every prefill is cut (prefix caching off: cold runs).
+* ``full``: a batch of prompts of mixed lengths, full prefill + 16 decode tokens, and the
+  longest prompt extended;
+* ``chunked``: the same with ``max_num_batched_tokens`` below the shortest prompt, so that every
+  prefill is cut;
+* in the engine that runs with prefix caching (``PREFIX_CACHING``: the chunked one, or for
+  Nemotron-H the full one, whose prefills need state checkpoints inside them) the extended
+  prompt again (a cache hit) and a prompt extending it (a hit on its prefix); the other engine's
+  runs are cold.
 
 Checks: every run equals Hugging Face transformers teacher-forced on the same tokens (float32
 reference on the same weights; tolerance per model dtype below), chunked equals full, a hit
@@ -30,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h"]
+FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "jamba"]
 # Seams each family must reach (with ssmk), by scenario engine.
 SEAMS = {
     "qwen3_5": {"full": {"gdn", "zero_blocks"}, "chunked": {"gdn", "batch_memcpy", "zero_blocks"}},
@@ -38,14 +42,19 @@ SEAMS = {
                    "chunked": {"gdn", "batch_memcpy", "zero_blocks"}},
     "lfm2": {"full": {"short_conv", "zero_blocks"},
              "chunked": {"short_conv", "batch_memcpy", "zero_blocks"}},
-    "nemotron_h": {"full": {"conv_prefill", "conv_decode", "mamba2_prefill", "mamba2_decode",
-                            "zero_blocks"},
-                   "chunked": {"conv_prefill", "conv_decode", "mamba2_prefill", "mamba2_decode"}},
+    "nemotron_h": {"full": {"mamba2", "batch_memcpy", "zero_blocks"}, "chunked": {"mamba2"}},
+    "jamba": {"full": {"mamba1", "batch_memcpy", "zero_blocks"}, "chunked": {"mamba1"}},
 }
-# Mamba-2 with prefix caching needs per-chunk state checkpoints that vLLM 0.32's CPU path does
-# not produce (IndexError in mamba_mixer2, with or without ssmk): off until ssmk's checkpoints
-# are wired in.
-PREFIX_CACHING = {"qwen3_5": True, "qwen3_next": True, "lfm2": True, "nemotron_h": False}
+# The engine that runs with prefix caching (and so serves a repeated prompt, ``hit``, from the
+# cache). Nemotron-H: the full engine, because only a prefill longer than a block gets a state
+# checkpoint inside it (vLLM's "align" mode: the state at the prompt's last block boundary, which
+# the plugin has ssmk write straight into its cache block; vLLM's CPU path crashes there); its
+# chunked engine (prefix caching off) gives the cold runs the hits are compared with. Jamba the
+# same, for symmetry with Nemotron-H (vLLM's scheduler cuts its prefills at the last block).
+PREFIX_CACHING = {"qwen3_5": "chunked", "qwen3_next": "chunked", "lfm2": "chunked",
+                  "nemotron_h": "full", "jamba": "full"}
+# Families whose vLLM layer asks for the state at a token inside a prefill (a checkpoint).
+PREFILL_CHECKPOINTS = {"nemotron_h"}
 
 # Families whose vLLM layers outside ssmk's are wrong on this vLLM build (compared with vLLM
 # without the plugin instead of Hugging Face; the HF deviation is still printed).
@@ -53,10 +62,24 @@ PREFIX_CACHING = {"qwen3_5": True, "qwen3_next": True, "lfm2": True, "nemotron_h
 # rotates a 3-D [T, H, D] query with H > 1 wrongly; LFM2's attention passes exactly that.
 VLLM_WRONG = {"lfm2"}
 # vLLM's own GDN chunk kernel takes head dims 64 and 128 only; the Qwen3.5 model uses 32.
-NOPLUGIN_REFUSES = {"qwen3_5": "Unexpected head dim size, 32"}
+# Engines vLLM without the plugin fails, with the message that says why (ssmk serves them).
+# Nemotron-H with prefix caching: vLLM's CPU scan returns final states only where the "align"
+# checkpoint wants the state at a chunk end (issue 31: mamba_mixer2.py:880), so Nemotron-H is
+# also run without the plugin and without prefix caching (chunked-noplugin) for the comparison.
+NOPLUGIN_REFUSES = {("qwen3_5", "full-noplugin"): ("Unexpected head dim size, 32",),
+                    ("nemotron_h", "full-noplugin"): (
+                        'mamba_mixer2.py", line 880, in conv_ssm_forward',
+                        "IndexError: index ", "is out of bounds for dimension 0"),
+                    # Jamba: vLLM's Mamba-1 mixer has no CPU path (the CUDA selective scan).
+                    ("jamba", "full-noplugin"): (
+                        'mamba_mixer.py", line 336, in forward_impl',
+                        "object has no attribute 'selective_scan_fwd'")}
+NOPLUGIN_MODES = {"lfm2": ["full-noplugin", "chunked-noplugin"],
+                  "nemotron_h": ["full-noplugin", "chunked-noplugin"]}
 
 PROMPT_LENS = [41, 66, 97, 140]
 EXTENSION = 37
+LONG, SHARED = 400, 381
 MAX_TOKENS = 16
 BLOCK = 32
 CHUNK = 32  # max_num_batched_tokens of the chunked engine: below every prompt length
@@ -84,7 +107,9 @@ def prompts():
     rng = random.Random(1234)
     batch = [[rng.randrange(3, 256) for _ in range(n)] for n in PROMPT_LENS]
     extension = batch[-1] + [rng.randrange(3, 256) for _ in range(EXTENSION)]
-    return batch, extension
+    long = [rng.randrange(3, 256) for _ in range(LONG)]
+    share = long[:SHARED] + [rng.randrange(3, 256) for _ in range(LONG - SHARED)]
+    return batch, extension, long, share
 
 
 # ------------------------------------------------------------------------------ engine process
@@ -103,7 +128,7 @@ def run_engine(args):
     from vllm.inputs import TokensPrompt
 
     chunked = mode == "chunked"
-    prefix = PREFIX_CACHING[args.family] and chunked
+    prefix = PREFIX_CACHING[args.family] == mode
     probe = install_probe()
     t0 = time.time()
     llm = LLM(path, dtype=str(dtype).split(".")[1], enforce_eager=True, max_model_len=512,
@@ -115,7 +140,7 @@ def run_engine(args):
                         ignore_eos=True)
     # vLLM serves no cache hit to a request that wants prompt logprobs.
     sp_hit = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0, ignore_eos=True)
-    batch, extension = prompts()
+    batch, extension, long, share = prompts()
     runs = {}
 
     def gen(name, toks, params=sp):
@@ -139,6 +164,12 @@ def run_engine(args):
     if prefix:
         gen("hit", [extension], sp_hit)  # ... which this repeat reads
     gen("ext", [extension + batch[0]], sp_hit)  # a prompt extending it: a hit on its prefix
+    if prefix and mode == "full":
+        # Issue 32's case: a prompt sharing 381 tokens with an earlier one. "align" mode keeps
+        # the earlier prompt's state at its last block boundary (384) only, so nothing is hit
+        # (vLLM 0.32 has no mode keeping every block boundary; README "vLLM"). Reported.
+        gen("long", [long], sp_hit)
+        gen("share", [share], sp_hit)
     elapsed = time.time() - t1
     import ssmk.vllm as sv
 
@@ -150,10 +181,11 @@ def run_engine(args):
 
 
 def install_probe():
-    """Counts, per libssmk kernel the plugin calls: the calls, the largest token count of one call
-    and the calls in which a prefill (a sequence of more than one token) continued its state
-    (``has_initial_state`` true): evidence that ssmk ran, that the chunked engine cut prefills
-    and that cache hits resumed from stored states."""
+    """Counts, per libssmk kernel the plugin calls: the calls, the largest token count of one call,
+    the calls in which a prefill (a sequence of more than one token) continued its state
+    (``has_initial_state`` true) and the state checkpoints asked for (non-pad entries of
+    ``checkpoint_slots``): evidence that ssmk ran, that the chunked engine cut prefills, that
+    cache hits resumed from stored states and where these came from."""
     import inspect
 
     import ssmk.torch as st
@@ -165,11 +197,15 @@ def install_probe():
 
         def wrapped(*a, _fn=fn, _name=name, _sig=sig, **kw):
             bound = _sig.bind(*a, **kw).arguments
-            rec = probe.setdefault(_name, {"calls": 0, "max_tokens": 0, "continued_prefill": 0})
+            rec = probe.setdefault(_name, {"calls": 0, "max_tokens": 0, "continued_prefill": 0,
+                                           "checkpoints": 0})
             rec["calls"] += 1
             rec["max_tokens"] = max(rec["max_tokens"], int(a[0].shape[0]))
             his = bound.get("has_initial_state")
             qsl = bound.get("query_start_loc", bound.get("cu_seqlens"))
+            slots = bound.get("checkpoint_slots")
+            if slots is not None:
+                rec["checkpoints"] += int((slots != bound.get("pad_slot_id", -1)).sum())
             if his is not None and qsl is not None:
                 if bool(((qsl[1:] - qsl[:-1] > 1) & his.bool()).any()):
                     rec["continued_prefill"] += 1
@@ -226,7 +262,7 @@ class Checker:
 
 
 MAIN_KERNEL = {"qwen3_5": "gated_delta_rule", "qwen3_next": "gated_delta_rule",
-               "lfm2": "short_conv", "nemotron_h": "mamba2_scan"}
+               "lfm2": "short_conv", "nemotron_h": "mamba2_scan", "jamba": "mamba2_scan"}
 
 
 def check_family(family, results, models, chk):
@@ -243,8 +279,21 @@ def check_family(family, results, models, chk):
                  str(res["fallbacks"]))
     kernel = MAIN_KERNEL[family]
     pf, pc = full["probe"].get(kernel, {}), chunked["probe"].get(kernel, {})
-    chk.true(f"{family}/full: prefills in one step", pf.get("max_tokens", 0) >= sum(PROMPT_LENS)
-             and pf.get("continued_prefill", 0) == 0, f"ssmk {kernel}: {pf}")
+    if PREFIX_CACHING[family] == "full":
+        # Cache hits resume from stored states (cold0 shares batch3's first 128 tokens, hit0 and
+        # ext0 the extension's first 160), stored by checkpoints inside full prefills (Mamba-2;
+        # for Mamba-1, whose vLLM cache spec has no checkpoint block, vLLM's scheduler ends a
+        # step at the prompt's last block boundary instead).
+        ckpt = family in PREFILL_CHECKPOINTS
+        chk.true(f"{family}/full: prefills batched, hits resumed"
+                 + (" from checkpoints inside prefills" if ckpt else ""),
+                 pf.get("max_tokens", 0) >= sum(PROMPT_LENS)
+                 and pf.get("continued_prefill", 0) > 0
+                 and (pf.get("checkpoints", 0) > 0) == ckpt, f"ssmk {kernel}: {pf}")
+    else:
+        chk.true(f"{family}/full: prefills in one step",
+                 pf.get("max_tokens", 0) >= sum(PROMPT_LENS)
+                 and pf.get("continued_prefill", 0) == 0, f"ssmk {kernel}: {pf}")
     chk.true(f"{family}/chunked: every step at most {CHUNK} tokens, prefills continued",
              0 < pc.get("max_tokens", 0) <= CHUNK and pc.get("continued_prefill", 0) > 0,
              f"ssmk {kernel}: {pc}")
@@ -258,7 +307,9 @@ def check_family(family, results, models, chk):
     names = sorted(full["runs"])
     ref = dict(zip(names, hf_logprobs(path, [full["runs"][n]["prompt"] + full["runs"][n]["tokens"]
                                              for n in names])))
-    bare = results.get("full-noplugin")
+    # vLLM without the plugin on the same prompts (its full engine, or, where that one refuses,
+    # its chunked one: the same tokens, compared only where it generated the same tokens).
+    bare = results.get("full-noplugin") or results.get("chunked-noplugin")
     for name in names:
         run, hf = full["runs"][name], ref[name]
         mine = seq_logprobs(run) if run["prompt_logprobs"] else run["logprobs"]
@@ -266,10 +317,10 @@ def check_family(family, results, models, chk):
         what = "prompt+completion" if run["prompt_logprobs"] else "completion"
         chk.close(f"{family}/full/{name} ({len(run['prompt'])}+{MAX_TOKENS}) {what} vs HF f32",
                   mine, theirs, TOL[dtype], hard=not wrong)
-        if bare is not None and bare["runs"][name]["tokens"] == run["tokens"]:
-            b = bare["runs"][name]
+        b = bare["runs"].get(name) if bare is not None else None
+        if b is not None and b["tokens"] == run["tokens"]:
             own = seq_logprobs(b) if b["prompt_logprobs"] else b["logprobs"]
-            chk.close(f"{family}/full-noplugin/{name} (vLLM without ssmk) vs HF f32", own,
+            chk.close(f"{family}/noplugin/{name} (vLLM without ssmk) vs HF f32", own,
                       theirs, TOL[dtype], hard=False)
             if not wrong:
                 m_ssmk = sum(abs(x - y) for x, y in zip(mine, theirs)) / len(mine)
@@ -290,17 +341,28 @@ def check_family(family, results, models, chk):
                           if b["prompt_logprobs"] else b["logprobs"], TOL_SELF[dtype])
         return
     for name, run in sorted(chunked["runs"].items()):
-        twin = full["runs"]["cold0" if name == "hit0" else name]
+        twin = full["runs"][name if name in full["runs"] else "cold0"]  # hit0: a cold run
         chk.true(f"{family}/chunked/{name}: same tokens as full", run["tokens"] == twin["tokens"])
         chk.close(f"{family}/chunked/{name} vs full",
                   seq_logprobs(run) if run["prompt_logprobs"] else run["logprobs"],
                   seq_logprobs(twin) if run["prompt_logprobs"] else twin["logprobs"],
                   TOL_SELF[dtype])
-    if PREFIX_CACHING[family]:
-        for name in ("hit0", "ext0"):
-            run = chunked["runs"][name]
-            chk.true(f"{family}/chunked/{name}: served from the prefix cache", run["cached"] > 0,
-                     f"num_cached_tokens {run['cached']} of {len(run['prompt'])}")
+    mode = PREFIX_CACHING[family]
+    for name in ("hit0", "ext0"):
+        run = results[mode]["runs"][name]
+        chk.true(f"{family}/{mode}/{name}: served from the prefix cache", run["cached"] > 0,
+                 f"num_cached_tokens {run['cached']} of {len(run['prompt'])}")
+    share = results[mode]["runs"].get("share0")
+    if share is not None:
+        chk.lines.append(f"  info {family}/{mode}/share0: a prompt sharing {SHARED} tokens with an "
+                         f"earlier {LONG}-token one: num_cached_tokens "
+                         f"{share['cached']} (mamba_cache_mode 'align')")
+    if mode == "full":
+        # The chunked engine ran without prefix caching: its cold0 is a cold run.
+        hit, cold = full["runs"]["hit0"], chunked["runs"]["cold0"]
+        chk.true(f"{family}/full/hit0: same tokens as a cold run", hit["tokens"] == cold["tokens"])
+        chk.close(f"{family}/full/hit0 vs chunked/cold0 (a cache hit vs a cold run)",
+                  hit["logprobs"], cold["logprobs"], TOL_SELF[dtype])
 
 
 REGISTRATION = r"""
@@ -313,8 +375,8 @@ load_general_plugins()  # through the installed entry point
 import ssmk.vllm as sv
 print("PATCHED", ",".join(sv.patched()))
 """
-ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,mamba2_prefill,mamba2_decode,batch_memcpy,"
-             "zero_blocks")
+ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,mamba2,mamba1,mamba2_prefill,"
+             "mamba2_decode,batch_memcpy,zero_blocks")
 
 
 def check_registration(chk):
@@ -354,9 +416,7 @@ def main():
     chk.lines = []
     for family in args.families.split(","):
         results = {}
-        modes = ["full", "chunked", "full-noplugin"]
-        if family in VLLM_WRONG:
-            modes.append("chunked-noplugin")
+        modes = ["full", "chunked"] + NOPLUGIN_MODES.get(family, ["full-noplugin"])
         for mode in modes:
             out = os.path.join(args.work, f"{family}-{mode}.json")
             log = os.path.join(args.work, f"{family}-{mode}.log")
@@ -364,10 +424,10 @@ def main():
                    "--mode", mode, "--models", models, "--out", out]
             with open(log, "w") as f:
                 rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
-            expected = NOPLUGIN_REFUSES.get(family)
-            if rc != 0 and mode.endswith("noplugin") and expected and expected in open(log).read():
-                chk.true(f"{family}/{mode}: vLLM without ssmk refuses this model", True,
-                         f"'{expected}' (ssmk serves it)")
+            expected = NOPLUGIN_REFUSES.get((family, mode))
+            if rc != 0 and expected and all(e in open(log).read() for e in expected):
+                chk.true(f"{family}/{mode}: vLLM without ssmk fails here", True,
+                         " ... ".join(expected) + " (ssmk serves it)")
                 continue
             if rc != 0:
                 chk.true(f"{family}/{mode}: engine run", False, f"exit {rc}, see {log}")

@@ -97,12 +97,27 @@ def kimi_linear_config(hidden=64, layers=4, **kw):
         architectures=["KimiLinearForCausalLM"], **kw))
 
 
+def jamba_config(hidden=64, layers=4, state=16, expand=2, **kw):
+    from transformers import JambaConfig
+
+    # Layers M, M(MoE), M, A(MoE): Mamba-1 mixers with per-channel A [d_inner, N], and one
+    # attention layer; experts on every second layer as in the released models.
+    return JambaConfig(**_common(
+        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=1, num_experts=4, num_experts_per_tok=2,
+        expert_layer_period=2, expert_layer_offset=1, attn_layer_period=4, attn_layer_offset=3,
+        use_mamba_kernels=False, mamba_d_state=state, mamba_d_conv=4, mamba_expand=expand,
+        mamba_dt_rank=8, mamba_conv_bias=True, mamba_proj_bias=False,
+        architectures=["JambaForCausalLM"], **kw))
+
+
 CONFIGS = {
     "qwen3_5": (qwen3_5_config, torch.bfloat16),
     "qwen3_next": (qwen3_next_config, torch.bfloat16),
     "lfm2": (lfm2_config, torch.float32),
     "nemotron_h": (nemotron_h_config, torch.float32),
     "kimi_linear": (kimi_linear_config, torch.bfloat16),
+    "jamba": (jamba_config, torch.float32),
 }
 
 

@@ -75,6 +75,7 @@ same tokens (by 0.12 from position 28 on with top-k 16, with or without ssmk), w
 the comparisons (b)-(d) against (a).
 """
 
+import copy
 import os
 import sys
 import time
@@ -114,6 +115,7 @@ BATCH, LENGTH = 2, 80
 CHUNKS = (37, 24, 19)
 PREFILL, DECODE = 72, 8
 PREFIX, SUFFIX, SUFFIX_DECODE = 40, 6, 2
+CHECKPOINT_EVERY, SHARED, PROMPT_B = 16, (37, 53), 64
 
 
 # ------------------------------------------------------------------ tiny configs (no downloads)
@@ -370,7 +372,43 @@ class Runner:
             outs.append(self.forward(suffixes[:, t:t + 1], cache, P + t))
         return torch.cat(outs, 1)
 
-    def all(self, ids, prefix_ids):
+    def checkpoint_hit(self, a, shared, drop_states=False):
+        """(e): hooked, ``a`` is prefilled once with checkpoints at every 16th token and each prompt
+        of ``shared`` (sharing ``a``'s first k tokens) continues from a copy of that cache rewound
+        to the checkpoint at ``16 * (k // 16)``; unhooked (the reference), from a cold prefill of
+        its own first ``16 * (k // 16)`` tokens. Returns the continuations' outputs and the
+        linear-attention states each continuation started from (zeroed with ``drop_states``)."""
+        hooked = self.family in st.enabled_families()
+        if hooked:
+            prefilled = self.cache()
+            with st.checkpoints(prefilled, every=CHECKPOINT_EVERY) as ckpt:
+                self.forward(a, prefilled)
+            assert ckpt.offsets == list(range(CHECKPOINT_EVERY, a.shape[1] + 1, CHECKPOINT_EVERY)), ckpt.offsets
+        outs, states = [], []
+        for k, b in zip(SHARED, shared):
+            start = k // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+            if hooked:
+                cache = ckpt.rewind(copy.deepcopy(prefilled), start)
+            else:
+                cache = self.cache()
+                self.forward(b[:, :start], cache)
+            states += [t.float().clone() for t in linear_states(cache)]
+            if drop_states:
+                for t in linear_states(cache):
+                    t.zero_()
+            outs.append(self.continue_from(b, cache, start))
+        return torch.cat(outs, 1), states
+
+    def continue_from(self, ids, cache, start):
+        """``ids[:, start:]`` on a cache holding ``ids[:, :start]``: a prefill of all but the last
+        two tokens, then two decode steps (Mamba-1: decode steps only, see RESTARTS_STATE)."""
+        stop = start if self.family in RESTARTS_STATE else ids.shape[1] - 2
+        outs = [self.forward(ids[:, start:stop], cache, start)] if stop > start else []
+        for t in range(stop, ids.shape[1]):
+            outs.append(self.forward(ids[:, t:t + 1], cache, t))
+        return torch.cat(outs, 1)
+
+    def all(self, ids, prefix_ids, shared):
         """Every scenario's output for this model (hooked or not, as the caller set up)."""
         with torch.inference_mode():
             prefix, stale, suffixes = prefix_ids
@@ -380,6 +418,9 @@ class Runner:
                 "c": self.decode(ids),
                 "d": self.prefix_hit(prefix, stale, suffixes),
                 "d_cold": self.full(torch.cat([prefix.expand(2, -1), suffixes], 1))[:, PREFIX:],
+                "e": self.checkpoint_hit(ids, shared),
+                "e_cold": torch.cat([self.full(b)[:, k // CHECKPOINT_EVERY * CHECKPOINT_EVERY:]
+                                     for k, b in zip(SHARED, shared)], 1),
             }
 
 
@@ -424,7 +465,9 @@ def inputs(seed=1):
     prefix = torch.randint(3, 128, (1, PREFIX), generator=g)
     stale = torch.randint(3, 128, (1, PREFIX), generator=g)
     suffixes = torch.randint(3, 128, (2, SUFFIX + SUFFIX_DECODE), generator=g)
-    return ids, (prefix, stale, suffixes)
+    g = torch.Generator().manual_seed(seed + 1)
+    shared = [torch.cat([ids[:, :k], torch.randint(3, 128, (BATCH, PROMPT_B - k), generator=g)], 1) for k in SHARED]
+    return ids, (prefix, stale, suffixes), shared
 
 
 def err(got, want):
@@ -435,6 +478,7 @@ def comparisons(hook, ref, family):
     """name -> (hooked output, reference output) for one family, all scenarios."""
     c_hook, states_hook, inplace = hook["c"]
     c_ref, states_ref, _ = ref["c"]
+    (e_hook, e_states_hook), (e_ref, e_states_ref) = hook["e"], ref["e"]
     out = {
         "a": (hook["a"], ref["a"]),
         "b": (hook["b"], ref["b"]),
@@ -443,11 +487,16 @@ def comparisons(hook, ref, family):
         "c~a": (c_hook, ref["a"]),
         "d": (hook["d"], ref["d"]),
         "d~cold": (hook["d"], ref["d_cold"]),
+        "e": (e_hook, e_ref),
+        "e~cold": (e_hook, ref["e_cold"]),
     }
     if family in RESTARTS_STATE:
         del out["b~a"], out["d~cold"]
     for i, (h, r) in enumerate(zip(states_hook, states_ref)):
         out[f"c.state{i}"] = (h, r)
+    assert len(e_states_hook) == len(e_states_ref) > 0
+    for i, (h, r) in enumerate(zip(e_states_hook, e_states_ref)):
+        out[f"e.state{i}"] = (h, r)
     return out, inplace
 
 
@@ -455,12 +504,11 @@ def run_family(family, dtype=torch.float32, smooth=False):
     """(reference outputs, hooked outputs, ssmk call counts) for one family."""
     model = build(family, dtype, smooth)
     runner = Runner(family, model)
-    ids, prefix_ids = inputs()
-    ref = runner.all(ids, prefix_ids)
+    ref = runner.all(*inputs())
     st.reset_call_counts()
     with st.enabled([family]) as routed:
         assert routed == [family], routed
-        hook = runner.all(ids, prefix_ids)
+        hook = runner.all(*inputs())
     return ref, hook, st.call_counts(), runner
 
 
@@ -497,7 +545,7 @@ class HookTest(unittest.TestCase):
         for name, (got, want) in pairs.items():
             self.assertLessEqual(err(got, want), F32_TOL, f"{family} f32 {name}")
         # The comparisons have teeth: losing the carried state is far outside the tolerance.
-        ids, _ = inputs()
+        ids = inputs()[0]
         with torch.inference_mode():
             dropped = runner.chunked(ids, drop_states=True)
         self.assertGreater(err(dropped, ref["b"]), SENSITIVITY * F32_TOL, f"{family}: logits ignore the state")
@@ -506,6 +554,11 @@ class HookTest(unittest.TestCase):
                 dropped = runner.decode(ids, drop_recurrent=True)[0]
             self.assertGreater(err(dropped, ref["c"][0]), SENSITIVITY * F32_TOL,
                                f"{family}: decode ignores the recurrent state")
+        # (e) too: the continuations depend on the states restored from the checkpoints.
+        with torch.inference_mode(), st.enabled([family]):
+            dropped = runner.checkpoint_hit(ids, inputs()[2], drop_states=True)[0]
+        self.assertGreater(err(dropped, ref["e_cold"]), SENSITIVITY * F32_TOL,
+                           f"{family}: the continuation ignores the checkpointed states")
 
     def check_bf16(self, family):
         ref, hook, counts, runner = run_family(family, torch.bfloat16, smooth=True)

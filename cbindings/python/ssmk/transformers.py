@@ -314,11 +314,11 @@ class Checkpoints:
     the forward ran; :meth:`rewind` restores a cache to any of them.
     """
 
-    def __init__(self, cache, every, offsets):
-        self._cache, self._every, self._asked = cache, every, offsets
+    def __init__(self, every, offsets):
+        self._every, self._asked = every, offsets
         self.offsets = None
         self._length = None  # tokens of the captured forward
-        self._conv_inputs = {}  # id(tensor handed to the conv) -> ((layer, state index), history columns)
+        self._conv_inputs = {}  # id(conv input) -> ((layer, state index), history columns, the input)
         self._pending = []  # recurrent checkpoints of the kernel calls since the last state update
         self._conv = {}  # (layer, state index) -> [C, *conv state shape]
         self._recurrent = {}  # (layer, state index) -> [C, *recurrent state shape]
@@ -428,7 +428,7 @@ def checkpoints(cache, every=None, offsets=None):
         raise ValueError("ssmk.transformers.checkpoints: give one of every= and offsets=")
     if every is not None and every < 1:
         raise ValueError(f"ssmk.transformers.checkpoints: every={every}, expected >= 1")
-    capture = Checkpoints(cache, every, offsets)
+    capture = Checkpoints(every, offsets)
     originals = cache.update_conv_state, cache.update_recurrent_state
     with _lock:
         if _capture is not None:

@@ -25,7 +25,18 @@ batch 2:
     prompt), every state of the cache (conv and recurrent states, attention keys/values) is copied
     slot 0 -> slot 1 with one ``ssmk.batch_memcpy``, then two different 6-token suffixes and 2
     decode steps continue in the two slots; the result must equal cold prefills of
-    prefix + suffix.
+    prefix + suffix;
+(e) a prefix-cache hit inside a prefill (ssmk's state checkpoints, ABI.md 4.10): the 80 tokens
+    of (a) are prefilled once under ``ssmk.transformers.checkpoints(cache, every=16)``, so every
+    routed kernel also stores its state after tokens 16, 32, ..., 80 (into spare slots); two
+    64-token prompts sharing the first 37 and 53 tokens of it (neither the end of any call)
+    continue from copies of that cache rewound (``Checkpoints.rewind``) to the checkpoints at 32
+    and 48 -- conv and recurrent states from the checkpoints, attention keys/values cut to that
+    length -- with a prefill of all but two tokens and two decode steps (Mamba-1: decode steps
+    only, see below). Compared with cold prefills of the prompts (``e~cold``), and with the
+    unhooked run, which starts each continuation from a cache prefilled with the prompt's own
+    first 32 / 48 tokens (``e``), and so are the states each continuation started from
+    (``e.state*``: the checkpoints against states of calls that ended there).
 
 Compared: the logits (GLM-5-Next: the text model's last hidden state, it has no LM head) of the hooked
 run with those of the same scenario without the hook, and of (b), (c), (d) also with the unhooked
@@ -33,7 +44,8 @@ full prefill of the same tokens; in (c) also the final conv and recurrent cache 
 they are the same tensors (same storage) as after the prefill, i.e. updated in place. Every run
 asserts that each replaced function was called and went to ssmk (no fallback), so no comparison
 passes vacuously, and a sensitivity check proves the logits react to the states: dropping the carried
-states between the chunks of (b) moves them by more than 100x the f32 tolerance.
+states between the chunks of (b) moves them by more than 100x the f32 tolerance, and so does
+zeroing the states restored from the checkpoints in (e).
 
 Mamba-1 families (``RESTARTS_STATE``): transformers 5.24's selective scan takes no initial state,
 so a multi-token continuation of a cached prefill restarts the SSM state from zero, with or without
@@ -49,7 +61,10 @@ Tolerances (an error is ``max |got - want| / max |want|``, relative to the large
   order (fused loops, a chunked WY / SSD form where the reference loops per token or chunks
   differently), so the two differ by accumulated f32 rounding: measured <= 1e-6 over all families
   and scenarios (``--report``; LFM2's conv is bit-identical), 10x below the tolerance (Jamba
-  1.2e-6, Zamba 3.5e-6: their larger weights, below, amplify rounding), while the
+  1.2e-6, Zamba 3.5e-6: their larger weights, below, amplify rounding). A checkpoint is the state
+  of a call ending there up to the same f32 rounding (ABI.md 4.10: within the two-calls-equal-one
+  tolerance; conv states bit for bit), so (e) needs no tolerance of its own: measured <= 7e-7
+  (e~cold) and <= 9e-7 (its states), Jamba 2.8e-6 and Zamba 5.6e-6, while the
   kind of defect this guards against (a lost or misplaced state) moves the logits by 0.09-0.99
   (the sensitivity check; the Mamba-1 models 0.007-0.29), 10^3-10^5 times the tolerance.
 * bfloat16: the model in bf16, compared with the f32 computation of the same bf16-rounded weights.
@@ -816,6 +831,42 @@ class ControlTest(unittest.TestCase):
             self.assertEqual({k[2] for k in st.call_counts()}, {"ssmk"}, family)
             self.assertTrue(torch.equal(got, want), family)
 
+    def test_checkpoints_api(self):
+        """Explicit offsets (one inside a 16-token chunk, one at the end), rewinding to each, and
+        the errors: no such checkpoint, nothing captured, a fallback under a capture, nesting."""
+        runner = Runner("qwen3_5", build("qwen3_5"))
+        ids, _, shared = inputs()
+        st.enable(["qwen3_5"])
+        with torch.inference_mode():
+            cache = runner.cache()
+            with st.checkpoints(cache, offsets=[80, 5, 37]) as ckpt:
+                with self.assertRaisesRegex(RuntimeError, "another capture"):
+                    with st.checkpoints(runner.cache(), every=16):
+                        pass
+                with self.assertRaisesRegex(RuntimeError, "nothing was captured"):
+                    ckpt.rewind(cache, 37)
+                runner.forward(ids, cache)
+            self.assertEqual(ckpt.offsets, [5, 37, 80])
+            self.assertFalse("update_conv_state" in vars(cache) or "update_recurrent_state" in vars(cache))
+            b = shared[0]  # shares 37 tokens
+            for start in (5, 37):
+                got = runner.continue_from(b, ckpt.rewind(copy.deepcopy(cache), start), start)
+                self.assertLessEqual(err(got, runner.full(b)[:, start:]), F32_TOL, start)
+            with self.assertRaisesRegex(ValueError, "no checkpoint at 36"):
+                ckpt.rewind(cache, 36)
+            cache = runner.cache()
+            with self.assertRaisesRegex(ValueError, "outside"):
+                with st.checkpoints(cache, offsets=[81]):
+                    runner.forward(ids, cache)
+        with self.assertRaisesRegex(ValueError, "one of every= and offsets="):
+            with st.checkpoints(cache):
+                pass
+        # Autograd: the kernels would fall back to transformers, which take no checkpoints.
+        cache = runner.cache()
+        with self.assertRaisesRegex(RuntimeError, "fell back to transformers"):
+            with st.checkpoints(cache, every=16):
+                runner.forward(ids, cache)
+
     def test_threads_follow_torch(self):
         model = build("qwen3_5")
         ids = torch.randint(3, 128, (2, 40))
@@ -849,10 +900,14 @@ def report():
             dropped = err(runner.chunked(inputs()[0], drop_states=True), ref["b"])
             if family in RESTARTS_STATE:
                 dropped = min(dropped, err(runner.decode(inputs()[0], drop_recurrent=True)[0], ref["c"][0]))
+            with st.enabled([family]):
+                e_dropped = err(runner.checkpoint_hit(inputs()[0], inputs()[2], drop_states=True)[0], ref["e_cold"])
         worst = max(errs, key=errs.get)
         cold = f"{errs['d~cold']:.1e}" if "d~cold" in errs else "n/a"
+        e_states = max(v for k, v in errs.items() if k.startswith("e.state"))
         print(f"  {family:17s} max {errs[worst]:.1e} ({worst}); a {errs['a']:.1e} b {errs['b']:.1e} "
-              f"c {errs['c']:.1e} d {errs['d']:.1e} d~cold {cold}; sensitivity {dropped:.1e}; "
+              f"c {errs['c']:.1e} d {errs['d']:.1e} d~cold {cold} e {errs['e']:.1e} e~cold {errs['e~cold']:.1e} "
+              f"e.states {e_states:.1e}; sensitivity {dropped:.1e}, e {e_dropped:.1e}; "
               f"in place {inplace}; {time.time() - t0:.1f}s")
     print("bf16 (smooth configs): e_ref = err(torch bf16 vs f32); hook/ref = err(hooked vs unhooked) / e_ref; "
           "hook/f32 = err(hooked vs f32) / e_ref (worst scenario)")

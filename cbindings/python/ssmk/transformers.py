@@ -63,6 +63,12 @@ are ssmk's ``[S, ...]`` order, Mamba-1's ``[B, D, N]`` (Zamba: a head's strided 
 cache's tensor: the layers then copy the result back onto it), the final state is written into that
 tensor and returned.
 
+Prefix caching inside a prefill: :func:`checkpoints` makes the routed kernels of one cached forward
+also store their states at chosen token offsets (ssmk's state checkpoints, ABI.md 4.10), and
+:meth:`Checkpoints.rewind` turns a copy of that cache into the cache of a call that ended at any
+of them (states from the checkpoints, attention keys/values cropped), for a prompt sharing that
+prefix to continue from.
+
 Threads: each call runs on ``torch.get_num_threads()`` threads (one ``ssmk.Context`` per count,
 created on first use and kept). Versions: written against transformers 5.24; another version gets
 a warning and nothing is patched unless ``enable(force=True)``, and a family whose functions are
@@ -84,7 +90,9 @@ import ssmk
 __all__ = [
     "FAMILIES",
     "SUPPORTED_VERSIONS",
+    "Checkpoints",
     "call_counts",
+    "checkpoints",
     "disable",
     "enable",
     "enabled",

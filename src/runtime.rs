@@ -2,7 +2,8 @@
 //! context that owns a private, lazily built thread pool (never rayon's global pool).
 
 use std::cell::Cell;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 use rayon::prelude::*;
 
@@ -178,10 +179,11 @@ pub fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     with_thread_local(&FORCED_ISA, Some(isa.for_this_cpu()), f)
 }
 
-/// Runs `f` with every conv and ShortConv call it makes on this thread spreading its tasks over
-/// the context's threads however small the call. They otherwise keep small calls on the calling
-/// thread, where waking the pool would cost more than it saves; tests use this to check that
-/// results do not depend on the thread count on problems of any size.
+/// Runs `f` with every call it makes on this thread spreading its tasks over the context's
+/// threads however small the call. Calls otherwise keep small work on the calling thread (the
+/// conv and ShortConv below [`crate::kernels::conv`]'s output count, decodes below
+/// [`MIN_PARALLEL_BYTES`]), where waking the pool would cost more than it saves; tests use this
+/// to check that results do not depend on the thread count on problems of any size.
 pub fn with_every_call_parallel<R>(f: impl FnOnce() -> R) -> R {
     with_thread_local(&EVERY_CALL_PARALLEL, true, f)
 }
@@ -190,6 +192,13 @@ pub fn with_every_call_parallel<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) fn every_call_parallel() -> bool {
     EVERY_CALL_PARALLEL.get()
 }
+
+/// Work that moves fewer bytes than this (2 MiB) stays on the calling thread: about 60 us at the
+/// ~35 GB/s one core streams a decode's state, where handing out and joining a pass costs 10 us
+/// with the pool's workers still spinning and 20-25 us once they sleep (measured on the
+/// development VM, Zen 5), so two threads could save at most the wake-up they pay. A decode of one
+/// Mamba-1 layer (1 MiB of state) stays; one of Gated DeltaNet or Mamba-2 (4-8 MiB) spreads.
+pub(crate) const MIN_PARALLEL_BYTES: usize = 2 << 20;
 
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.
 pub fn default_threads() -> usize {
@@ -205,6 +214,16 @@ pub fn default_threads() -> usize {
 pub struct Context {
     threads: usize,
     pool: OnceLock<Option<rayon::ThreadPool>>,
+    /// Set on a [`Context::recording`] context: the passes its calls ran.
+    recorder: Option<Mutex<Vec<Pass>>>,
+}
+
+/// One [`Context::for_each`] of a recorded call: how long each of its tasks took, in task order.
+/// The passes of a call run one after another (each `for_each` returns when its last task has),
+/// so a call is its passes in order plus whatever ran on the calling thread outside them.
+#[derive(Clone, Debug, Default)]
+pub struct Pass {
+    pub task_seconds: Vec<f64>,
 }
 
 impl Context {
@@ -218,7 +237,27 @@ impl Context {
         Context {
             threads,
             pool: OnceLock::new(),
+            recorder: None,
         }
+    }
+
+    /// A context that splits every call exactly as a `threads`-thread context would, but runs
+    /// the tasks one after another on the calling thread and records how long each took: the
+    /// real tasks of the real call, for replaying on any number of simulated workers (the
+    /// benchmark's `--simulate-threads`). Results are those of any other context: bitwise equal
+    /// whatever the thread count.
+    pub fn recording(threads: usize) -> Context {
+        Context {
+            recorder: Some(Mutex::new(Vec::new())),
+            ..Context::new(threads.clamp(1, u32::MAX as usize) as u32)
+        }
+    }
+
+    /// The passes recorded since the last call (empty unless [`Context::recording`]).
+    pub fn take_passes(&self) -> Vec<Pass> {
+        self.recorder.as_ref().map_or_else(Vec::new, |r| {
+            std::mem::take(&mut *r.lock().unwrap_or_else(|e| e.into_inner()))
+        })
     }
 
     /// The process-wide context used when a call passes NULL.
@@ -243,10 +282,31 @@ impl Context {
             .as_ref()
     }
 
+    /// [`Context::for_each`] for work that moves about `bytes` (state read and written, rows in
+    /// and out): below [`MIN_PARALLEL_BYTES`] the tasks run in order on the calling thread.
+    pub fn for_each_moving(&self, n: usize, bytes: usize, task: impl Fn(usize) + Send + Sync) {
+        match bytes < MIN_PARALLEL_BYTES && !every_call_parallel() {
+            true => (0..n).for_each(task),
+            false => self.for_each(n, task),
+        }
+    }
+
     /// Runs `task(i)` for every `i in 0..n`. With one thread (or one task) it runs in order on the
     /// caller's thread and starts nothing; otherwise tasks are spread over the private pool. If
     /// the pool cannot be built the tasks run inline: results never depend on where a task ran.
     pub fn for_each(&self, n: usize, task: impl Fn(usize) + Send + Sync) {
+        if let Some(recorder) = &self.recorder {
+            let task_seconds = (0..n)
+                .map(|i| {
+                    let start = Instant::now();
+                    task(i);
+                    start.elapsed().as_secs_f64()
+                })
+                .collect();
+            let mut passes = recorder.lock().unwrap_or_else(|e| e.into_inner());
+            passes.push(Pass { task_seconds });
+            return;
+        }
         if self.threads <= 1 || n <= 1 {
             (0..n).for_each(task);
             return;
@@ -309,6 +369,47 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn small_work_stays_on_the_calling_thread() {
+        let ctx = Context::new(2);
+        let caller = std::thread::current().id();
+        let on_caller = |bytes: usize| {
+            let hits = AtomicUsize::new(0);
+            ctx.for_each_moving(8, bytes, |_| {
+                if std::thread::current().id() == caller {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            hits.load(Ordering::Relaxed)
+        };
+        assert_eq!(on_caller(MIN_PARALLEL_BYTES - 1), 8);
+        assert!(with_every_call_parallel(|| on_caller(1)) < 8);
+        assert!(
+            on_caller(MIN_PARALLEL_BYTES) < 8,
+            "large work runs on the pool"
+        );
+    }
+
+    #[test]
+    fn recording_runs_inline_and_keeps_every_pass() {
+        let ctx = Context::recording(64);
+        assert_eq!(ctx.threads(), 64);
+        let caller = std::thread::current().id();
+        let seen = std::sync::Mutex::new(Vec::new());
+        ctx.for_each(3, |i| {
+            assert_eq!(std::thread::current().id(), caller);
+            seen.lock().unwrap().push(i);
+        });
+        ctx.for_each(1, |i| seen.lock().unwrap().push(10 + i));
+        assert_eq!(*seen.lock().unwrap(), vec![0, 1, 2, 10]);
+        let passes = ctx.take_passes();
+        let tasks: Vec<usize> = passes.iter().map(|p| p.task_seconds.len()).collect();
+        assert_eq!(tasks, vec![3, 1]);
+        assert!(ctx.take_passes().is_empty());
+        assert!(ctx.pool.get().is_none(), "a recording context runs no pool");
+        assert!(Context::new(4).take_passes().is_empty());
     }
 
     #[test]

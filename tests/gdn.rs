@@ -26,7 +26,7 @@ use ssmk::ffi::gdn::{
 };
 use ssmk::ffi::status::*;
 use ssmk::kernels::gdn::Path;
-use ssmk::runtime::Isa;
+use ssmk::runtime::{Isa, with_every_call_parallel};
 use ssmk::tensor::ssmk_tensor;
 
 /// One call's tensors.
@@ -936,9 +936,11 @@ fn padding_case(kda: bool) {
     verify(&p, &a, &reference(&p, &plain_seqs(&p)), "NULL state");
 }
 
-/// Results are bitwise identical on 1, 2, 3 and 8 threads, for both gate shapes. With two q/k
-/// heads and two chunked sequences, 1 and 2 threads run each (sequence, head) as one task through
-/// both passes, 3 and 8 run the passes in waves (of different widths) over the threads.
+/// Results are bitwise identical on 1, 2, 3 and 8 threads and on the splits of 16 and 64 (run
+/// by recording contexts, which split a call as that many threads would and run the tasks in
+/// turn), for both gate shapes. With two q/k heads and two chunked sequences, 1 and 2 threads run
+/// each (sequence, head) as one task through both passes, 3 and 8 split those tasks by state
+/// columns too, 16 and 64 run the passes in waves with pass 2 split by columns.
 #[test]
 fn thread_counts_bitwise_equal() {
     for kda in [false, true] {
@@ -965,10 +967,16 @@ fn threads_case(kda: bool) {
     }
     p.init = Some(Tensor::ints(DType::Bool, &[1, 1, 0, 1, 1, 1]));
     let mut results = Vec::new();
-    for threads in [1, 2, 3, 8] {
-        let ctx = ssmk_context_create(threads);
+    for threads in [1, 2, 3, 8, 16, 64] {
+        let ctx = match threads {
+            16.. => ssmk_context::recording(threads as usize),
+            _ => ssmk_context_create(threads),
+        };
         let mut a = p.clone();
-        a.run(Path::Auto, ctx, &format!("kda {kda}, {threads} threads"));
+        // Small as it is, every call spreads its tasks (decodes would otherwise stay inline).
+        with_every_call_parallel(|| {
+            a.run(Path::Auto, ctx, &format!("kda {kda}, {threads} threads"))
+        });
         unsafe { ssmk_context_destroy(ctx) };
         results.push((threads, a.out.bytes(), a.state.as_ref().unwrap().bytes()));
     }

@@ -12,13 +12,30 @@ pub struct ssmk_context {
     pub(crate) inner: Context,
 }
 
+impl ssmk_context {
+    /// A context for Rust callers (the benchmark's `--simulate-threads`) that splits calls as
+    /// `threads` threads would and records their tasks ([`Context::recording`]); free it with
+    /// `ssmk_context_destroy`. Not part of the C ABI.
+    pub fn recording(threads: usize) -> *mut ssmk_context {
+        Box::into_raw(Box::new(ssmk_context {
+            inner: Context::recording(threads),
+        }))
+    }
+
+    /// The runtime context behind the handle.
+    pub fn runtime(&self) -> &Context {
+        &self.inner
+    }
+}
+
 /// Creates a context that runs kernels on `num_threads` threads.
 ///
 /// @param num_threads 1 runs every kernel on the calling thread and never starts a thread;
 ///        0 means the default: the environment variable `SSMK_NUM_THREADS`, else the number of
 ///        cores. Results are bitwise identical for every thread count. Calls too small to gain
-///        from more threads (conv and ShortConv: under 131072 outputs, i.e. tokens x channels)
-///        run on the calling thread whatever the count.
+///        from more threads (conv and ShortConv: under 131072 outputs, i.e. tokens x channels;
+///        the delta rule and the scan without a chunked sequence, e.g. a decode: under 2 MiB of
+///        state read and written) run on the calling thread whatever the count.
 /// @return a new context owned by the caller (free it with ssmk_context_destroy), or NULL if
 ///         memory could not be allocated.
 #[unsafe(no_mangle)]

@@ -65,6 +65,20 @@ impl Sequence {
     }
 }
 
+/// Bytes the recurrent (or padded) sequences `which` of a call move, for
+/// [`crate::runtime::Context::for_each_moving`]: each of their `heads` states of `head_bytes` read
+/// and written once, and swept once more per token after the first (in cache, but the
+/// recurrence's time grows with the tokens).
+pub fn recurrent_bytes(
+    sequences: &[Sequence],
+    which: impl Iterator<Item = usize>,
+    heads: usize,
+    head_bytes: usize,
+) -> usize {
+    let sweeps: usize = which.map(|b| sequences[b].len.max(1) + 1).sum();
+    sweeps.saturating_mul(heads).saturating_mul(head_bytes)
+}
+
 /// Which algorithm long sequences take; `Auto` unless [`Path::with`] forces one, which lets tests
 /// cover both on every length and lets benchmarks compare them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,6 +10,7 @@ use ssmk::tensor::ssmk_tensor;
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
 use crate::layers;
+use crate::simulate;
 
 pub fn short(d: DType) -> &'static str {
     match d {
@@ -29,6 +30,12 @@ fn measure(
     bytes: usize,
     mut call: impl FnMut(Isa, &Ctx) -> i32,
 ) -> f64 {
+    if cfg.simulating() {
+        let (op, shape) = (template.op.as_str(), template.shape.clone());
+        let call_active = |ctx: &Ctx| ok(call(Isa::active(), ctx));
+        simulate::row(cfg, report, op, shape, bytes as f64, call_active);
+        return f64::NAN;
+    }
     let reference = time(cfg, || ok(call(Isa::Scalar, &Ctx::new(1))));
     let mut per_byte = f64::NAN;
     for &threads in &cfg.threads {
@@ -200,6 +207,12 @@ fn update(cfg: &Config, report: &mut Report, dtype: DType, batch: usize, dim: us
 
 pub fn run(cfg: &Config, report: &mut Report) {
     let (len, dim) = (cfg.pick(512, 128), cfg.pick(8192, 2048));
+    if cfg.simulating() {
+        fwd(cfg, report, DType::BF16, 4, len, dim, 4);
+        fwd(cfg, report, DType::BF16, 1, 4 * len, dim, 4);
+        update(cfg, report, DType::BF16, cfg.pick(256, 64), dim, 4);
+        return;
+    }
     let bf16 = fwd(cfg, report, DType::BF16, 4, len, dim, 4);
     for dtype in [DType::F32, DType::F16] {
         let other = fwd(cfg, report, dtype, 4, len, dim, 4);

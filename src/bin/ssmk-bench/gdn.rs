@@ -13,6 +13,7 @@ use crate::harness::{
     Config, Ctx, Report, Row, Work, ok, time_beside_peak, time_beside_peak_and, time_slow,
 };
 use crate::layers::{self, LayerConv, Seqs, head_view};
+use crate::simulate;
 
 const K: usize = 128;
 const V: usize = 128;
@@ -106,6 +107,12 @@ impl DeltaRule {
         self.qkv.shape[0] as usize
     }
 
+    /// What the call must move: q, k, v, gates and `out` once, the states read and written.
+    fn bytes(&self) -> f64 {
+        let once = self.qkv.bytes() + self.g.bytes() + self.beta.bytes() + self.out.bytes();
+        (once + 2 * self.state.bytes()) as f64
+    }
+
     /// The delta rule over `qkv` (a conv output of the same shape may be passed instead).
     fn call_on(&self, qkv: &Buf, isa: Isa, ctx: &Ctx) {
         let mut dims = [[[0i64; 3]; 2]; 3];
@@ -167,6 +174,15 @@ fn prefill_flops(tokens: usize, v_heads: usize) -> f64 {
 fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtype: DType) {
     let call = DeltaRule::new(heads, lens, dtype, false);
     let tokens = call.tokens();
+    let op = match heads.per_channel {
+        true => "KDA delta rule prefill",
+        false => "gated_delta_rule prefill",
+    };
+    let shape = format!("{}x{} {}", lens.len(), lens[0], heads.describe());
+    if cfg.simulating() {
+        let call_active = |ctx: &Ctx| call.call(Isa::active(), ctx);
+        return simulate::row(cfg, report, op, shape, call.bytes(), call_active);
+    }
     // KDA is also compared with GDN (per-head decay) at the same heads, timed beside it.
     let per_head = heads
         .per_channel
@@ -178,10 +194,6 @@ fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtyp
         "bf16 in/f32 state"
     } else {
         "f32 in/f32 state"
-    };
-    let op = match heads.per_channel {
-        true => "KDA delta rule prefill",
-        false => "gated_delta_rule prefill",
     };
     let flops = prefill_flops(tokens, heads.hv);
     for &threads in &cfg.threads {
@@ -203,7 +215,7 @@ fn prefill(cfg: &Config, report: &mut Report, heads: Heads, lens: &[usize], dtyp
         };
         let mut r = Row::new(
             op,
-            format!("{}x{} {}", lens.len(), lens[0], heads.describe()),
+            shape.clone(),
             name,
             threads,
             t,
@@ -244,9 +256,15 @@ fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize) {
         false => "gated_delta_rule decode",
     };
     let shape = format!("B={batch} {}", heads.describe());
-    layers::decode_rows(cfg, report, op, shape, state_bytes, |isa, ctx| {
-        call.call(isa, ctx)
-    });
+    layers::decode_rows(
+        cfg,
+        report,
+        op,
+        shape,
+        state_bytes,
+        call.bytes(),
+        |isa, ctx| call.call(isa, ctx),
+    );
 }
 
 /// One linear-attention layer step on `lens` (decodes are length-1 sequences continuing from
@@ -320,10 +338,20 @@ fn layer_steps(cfg: &Config, report: &mut Report, heads: Heads) {
 
 pub fn run(cfg: &Config, report: &mut Report) {
     let (long, short) = (cfg.pick(2048, 128), cfg.pick(512, 32));
+    if cfg.simulating() {
+        for heads in [GDN, KDA] {
+            prefill(cfg, report, heads, &[long], DType::BF16);
+            prefill(cfg, report, heads, &[short; 4], DType::BF16);
+            decode(cfg, report, heads, cfg.pick(64, 8));
+            decode(cfg, report, heads, 1);
+        }
+        return;
+    }
     prefill(cfg, report, GDN, &[long], DType::BF16);
     prefill(cfg, report, GDN, &[short; 4], DType::BF16);
     prefill(cfg, report, GDN, &[long], DType::F32);
     decode(cfg, report, GDN, cfg.pick(64, 8));
+    decode(cfg, report, GDN, 1);
     prefill(cfg, report, KDA, &[long], DType::BF16);
     prefill(cfg, report, KDA, &[short; 4], DType::BF16);
     // Per-channel decays at the Gated DeltaNet heads (GQA: q/k loads shared, k k^T not).
@@ -335,6 +363,7 @@ pub fn run(cfg: &Config, report: &mut Report) {
         DType::BF16,
     );
     decode(cfg, report, KDA, cfg.pick(64, 8));
+    decode(cfg, report, KDA, 1);
     layer_steps(cfg, report, GDN);
     layer_steps(cfg, report, KDA);
 }

@@ -10,6 +10,9 @@ pub struct Config {
     /// Seconds-long smoke run: smaller shapes, fewer samples.
     pub quick: bool,
     pub threads: Vec<u32>,
+    /// Simulated worker counts (`--simulate-threads`): the prefill and decode rows are recorded
+    /// and replayed on them instead of timed.
+    pub simulate: Vec<usize>,
 }
 
 impl Config {
@@ -20,6 +23,10 @@ impl Config {
         } else {
             (9, Duration::from_millis(50))
         }
+    }
+
+    pub fn simulating(&self) -> bool {
+        !self.simulate.is_empty()
     }
 
     /// `full` normally, `quick` in a smoke run.
@@ -362,6 +369,10 @@ pub struct Report {
     /// Same-run baselines every suite compares against.
     pub memcpy: Memcpy,
     pub fma_peak_gflops: f64,
+    /// `--simulate-threads` rows, as JSON objects.
+    pub simulations: Vec<String>,
+    /// The real pool's fork-join cost the simulation charges per pass.
+    pub fork_join_seconds: f64,
 }
 
 impl Report {
@@ -426,6 +437,10 @@ impl Report {
                 r.vs_reference.map_or("null".into(), |v| format!("{v:.4}")),
                 json_str(&r.note),
             );
+        }
+        s.push_str("\n  ],\n  \"simulations\": [");
+        for (i, sim) in self.simulations.iter().enumerate() {
+            let _ = write!(s, "{}\n    {sim}", if i > 0 { "," } else { "" });
         }
         s.push_str("\n  ]\n}\n");
         s

@@ -9,6 +9,7 @@ use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_ab, time_slow};
+use crate::simulate;
 
 /// The layers' causal conv width.
 const WIDTH: usize = 4;
@@ -166,15 +167,21 @@ pub fn layer_steps<S: LayerStep>(
 }
 
 /// The decode rows of `op`: `call` at every thread count as bandwidth over `state_bytes` (read +
-/// written), timed beside the same-run memcpy, against the portable reference kernels.
+/// written), timed beside the same-run memcpy, against the portable reference kernels; or, when
+/// simulating, its replay (`call_bytes`: everything the call moves).
 pub fn decode_rows(
     cfg: &Config,
     report: &mut Report,
     op: &str,
     shape: String,
     state_bytes: f64,
+    call_bytes: f64,
     call: impl Fn(Isa, &Ctx),
 ) {
+    if cfg.simulating() {
+        let call_active = |ctx: &Ctx| call(Isa::active(), ctx);
+        return simulate::row(cfg, report, op, shape, call_bytes, call_active);
+    }
     let reference = time_slow(cfg, || call(Isa::Scalar, &Ctx::new(1)));
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);

@@ -4,6 +4,10 @@
 //! absolute targets.
 //!
 //!     cargo run --release --bin ssmk-bench -- [--quick] [--json PATH] [--threads 1,2] [--only NAME]
+//!                                             [--simulate-threads 8,16,32,64]
+//!
+//! `--simulate-threads` replaces the timed table with a replay of each prefill and decode call's
+//! real tasks on that many simulated workers (see `simulate.rs`).
 
 mod buffers;
 mod conv;
@@ -14,6 +18,7 @@ mod mamba2;
 mod memory;
 mod scan_families;
 mod short_conv;
+mod simulate;
 
 use harness::{Config, Report};
 
@@ -22,7 +27,7 @@ type Suite = fn(&Config, &mut Report);
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2|scan_families|checkpoints]"
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2|scan_families|checkpoints] [--simulate-threads P[,P..]]"
     );
     std::process::exit(2)
 }
@@ -32,6 +37,7 @@ fn main() {
     let mut cfg = Config {
         quick: false,
         threads: vec![1, 2],
+        simulate: Vec::new(),
     };
     let (mut json, mut only) = (None, None);
     while let Some(a) = args.next() {
@@ -46,6 +52,14 @@ fn main() {
                     .map(|t| t.trim().parse().unwrap_or_else(|_| usage()))
                     .collect();
             }
+            "--simulate-threads" => {
+                let list = args.next().unwrap_or_else(|| usage());
+                cfg.simulate = list
+                    .split(',')
+                    .map(|t| t.trim().parse().unwrap_or_else(|_| usage()))
+                    .filter(|&p| p > 0)
+                    .collect();
+            }
             "-h" | "--help" => usage(),
             _ => usage(),
         }
@@ -55,6 +69,8 @@ fn main() {
         facts: Vec::new(),
         memcpy: harness::Memcpy::new(cfg.pick(256 << 20, 16 << 20)),
         fma_peak_gflops: harness::fma_peak_gflops(&cfg),
+        simulations: Vec::new(),
+        fork_join_seconds: 0.0,
     };
     report.fact(
         "ssmk",
@@ -70,7 +86,20 @@ fn main() {
         "fma_peak_gflops_1t",
         format!("{:.1}", report.fma_peak_gflops),
     );
-    harness::print_header();
+    if cfg.simulating() {
+        report.fork_join_seconds = simulate::fork_join_seconds(&cfg);
+        report.fact(
+            "fork_join_us_2t",
+            format!("{:.2}", report.fork_join_seconds * 1e6),
+        );
+        println!(
+            "# simulated workers {:?}: predicted speed-up over 1 thread (and per worker), tasks, \
+             critical path share, bandwidth the predicted speed needs",
+            cfg.simulate
+        );
+    } else {
+        harness::print_header();
+    }
     let suites: [(&str, Suite); 7] = [
         ("memory", memory::run),
         ("conv", conv::run),
@@ -81,7 +110,10 @@ fn main() {
         ("checkpoints", checkpoints),
     ];
     for (name, run) in suites {
-        if only.as_deref().is_none_or(|o| o == name) {
+        let wanted = only.as_deref().is_none_or(|o| o == name);
+        // Batch copies and block zeroing are neither prefill nor decode, and the checkpoint
+        // rows are A/B timings of prefills the other suites simulate: nothing to simulate.
+        if wanted && !(cfg.simulating() && matches!(name, "memory" | "checkpoints")) {
             run(&cfg, &mut report);
         }
     }

@@ -12,6 +12,7 @@ use ssmk::tensor::ssmk_tensor;
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time_beside_peak, time_slow};
 use crate::layers::{self, LayerConv, Seqs, head_view};
+use crate::simulate;
 
 const NH: usize = 128;
 const P: usize = 64;
@@ -66,6 +67,11 @@ impl Scan {
 
     fn tokens(&self) -> usize {
         self.xbc.shape[0] as usize
+    }
+
+    /// What the call must move: x, B, C, dt and `out` once, the states read and written.
+    fn bytes(&self) -> f64 {
+        (self.xbc.bytes() + self.dt.bytes() + self.out.bytes() + 2 * self.state.bytes()) as f64
     }
 
     /// The scan over `xbc` (a conv output of the same shape may be passed instead).
@@ -136,6 +142,12 @@ fn prefill_flops(tokens: usize) -> f64 {
 fn prefill(cfg: &Config, report: &mut Report, lens: &[usize]) {
     let call = Scan::new(lens, DType::BF16, false);
     let tokens = call.tokens();
+    let shape = format!("{}x{} {HEADS}", lens.len(), lens[0]);
+    if cfg.simulating() {
+        let call_active = |ctx: &Ctx| call.call(Isa::active(), ctx);
+        let op = "mamba2_scan prefill";
+        return simulate::row(cfg, report, op, shape, call.bytes(), call_active);
+    }
     // The f64 reference costs seconds per call here: time it on 64 tokens and scale per token.
     let small = Scan::new(&[64], DType::BF16, false);
     let reference = time_slow(cfg, || small.call(Isa::Scalar, &Ctx::new(1))) * tokens as f64 / 64.0;
@@ -145,7 +157,7 @@ fn prefill(cfg: &Config, report: &mut Report, lens: &[usize]) {
         let (t, peak) = time_beside_peak(cfg, || call.call(Isa::active(), &ctx));
         let mut r = Row::new(
             "mamba2_scan prefill",
-            format!("{}x{} {HEADS}", lens.len(), lens[0]),
+            shape.clone(),
             "bf16 in/f32 state",
             threads,
             t,
@@ -167,6 +179,7 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
         "mamba2_scan decode",
         shape,
         state_bytes,
+        call.bytes(),
         |isa, ctx| call.call(isa, ctx),
     );
 }
@@ -223,9 +236,17 @@ pub fn prefill_checkpoints(cfg: &Config, report: &mut Report, len: usize) {
 
 pub fn run(cfg: &Config, report: &mut Report) {
     let (long, short) = (cfg.pick(2048, 128), cfg.pick(512, 32));
+    if cfg.simulating() {
+        prefill(cfg, report, &[long]);
+        prefill(cfg, report, &[short; 4]);
+        decode(cfg, report, cfg.pick(64, 8));
+        decode(cfg, report, 1);
+        return;
+    }
     prefill(cfg, report, &[long]);
     prefill(cfg, report, &[short; 4]);
     decode(cfg, report, cfg.pick(64, 8));
+    decode(cfg, report, 1);
     let op = "Nemotron-H Mamba-2 layer step";
     layers::layer_steps(cfg, report, op, CONV_DIM, cfg.pick(64, 8), LayerStep::new);
 }

@@ -16,6 +16,7 @@ use ssmk::tensor::ssmk_tensor;
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time_beside_peak, time_slow};
 use crate::layers::{self, Seqs};
+use crate::simulate;
 
 /// Falcon-Mamba-7B's mixer: d_inner channels, state size N.
 const D_INNER: usize = 8192;
@@ -221,14 +222,20 @@ impl Call {
 
 fn mamba1_prefill(cfg: &Config, report: &mut Report, lens: &[usize], channel_major: bool) {
     let call = Call::mamba1(lens, channel_major, false);
-    let small = Call::mamba1(&[32], channel_major, false);
-    let per_token = time_slow(cfg, || small.call(Isa::Scalar, &Ctx::new(1))) / 32.0;
-    let reference = per_token * call.tokens() as f64;
     let layout = if channel_major {
         "[d_inner,T] views"
     } else {
         "[T,d_inner]"
     };
+    let shape = format!("{}x{} d_inner=8192 N=16 {layout}", lens.len(), lens[0]);
+    if cfg.simulating() {
+        let call_active = |ctx: &Ctx| call.call(Isa::active(), ctx);
+        let op = "mamba1_scan prefill";
+        return simulate::row(cfg, report, op, shape, call.bytes(), call_active);
+    }
+    let small = Call::mamba1(&[32], channel_major, false);
+    let per_token = time_slow(cfg, || small.call(Isa::Scalar, &Ctx::new(1))) / 32.0;
+    let reference = per_token * call.tokens() as f64;
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
         let (t, memcpy) = report
@@ -236,7 +243,7 @@ fn mamba1_prefill(cfg: &Config, report: &mut Report, lens: &[usize], channel_maj
             .time_beside(cfg, || call.call(Isa::active(), &ctx));
         let mut r = Row::new(
             "mamba1_scan prefill",
-            format!("{}x{} d_inner=8192 N=16 {layout}", lens.len(), lens[0]),
+            shape.clone(),
             "bf16 in/f32 state",
             threads,
             t,
@@ -257,6 +264,16 @@ fn lightning_flops(tokens: usize) -> f64 {
 
 fn lightning_prefill(cfg: &Config, report: &mut Report, lens: &[usize]) {
     let (vllm, contiguous) = (Call::lightning(lens, true), Call::lightning(lens, false));
+    if cfg.simulating() {
+        let op = "lightning_attn prefill";
+        let shape = format!(
+            "{}x{} H=64 dk=dv=128 [S,H,dk,dv] state",
+            lens.len(),
+            lens[0]
+        );
+        let call_active = |ctx: &Ctx| vllm.call(Isa::active(), ctx);
+        return simulate::row(cfg, report, op, shape, vllm.bytes(), call_active);
+    }
     let small = Call::lightning(&[64], true);
     let reference =
         time_slow(cfg, || small.call(Isa::Scalar, &Ctx::new(1))) * vllm.tokens() as f64 / 64.0;
@@ -286,7 +303,9 @@ fn lightning_prefill(cfg: &Config, report: &mut Report, lens: &[usize]) {
 pub fn run(cfg: &Config, report: &mut Report) {
     let (long, short) = (cfg.pick(2048, 128), cfg.pick(512, 32));
     mamba1_prefill(cfg, report, &[long], false);
-    mamba1_prefill(cfg, report, &[long], true);
+    if !cfg.simulating() {
+        mamba1_prefill(cfg, report, &[long], true);
+    }
     mamba1_prefill(cfg, report, &[short; 4], false);
     let batch = cfg.pick(64, 8);
     let decode = Call::mamba1(&vec![1; batch], false, true);
@@ -296,6 +315,7 @@ pub fn run(cfg: &Config, report: &mut Report) {
         "mamba1_scan decode",
         format!("B={batch} d_inner=8192 N=16"),
         2.0 * decode.state.buf.bytes() as f64,
+        decode.bytes(),
         |isa, ctx| decode.call(isa, ctx),
     );
     lightning_prefill(cfg, report, &[cfg.pick(2048, 128)]);

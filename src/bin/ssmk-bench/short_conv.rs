@@ -11,6 +11,7 @@ use ssmk::runtime::{Isa, with_isa};
 use crate::buffers::Buf;
 use crate::harness::{Config, Ctx, Report, Row, Work, ok, time};
 use crate::layers::Seqs;
+use crate::simulate;
 
 /// One ShortConv call's tensors: `lens` sequences in slots `0..`, continuing iff `initial`.
 struct Step {
@@ -114,6 +115,11 @@ fn kernel(cfg: &Config, report: &mut Report) {
         Buf::zeros(DType::BF16, &[tokens, dim]),
     );
     let bytes = (tokens * 4 * dim + 4 * 2 * dim * 2) * 2;
+    let shape = format!("T={tokens} (4x{len}) D={dim} W=3");
+    if cfg.simulating() {
+        let call_active = |ctx: &Ctx| step.call(Isa::active(), ctx);
+        return simulate::row(cfg, report, "short_conv", shape, bytes as f64, call_active);
+    }
     let reference = time(cfg, || step.call(Isa::Scalar, &Ctx::new(1)));
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
@@ -124,7 +130,7 @@ fn kernel(cfg: &Config, report: &mut Report) {
         let note = format!("{:.2}x faster than B*x, conv, C*y passes", composed / t);
         let mut r = Row::new(
             "short_conv",
-            format!("T={tokens} (4x{len}) D={dim} W=3"),
+            shape.clone(),
             "bf16",
             threads,
             t,
@@ -168,5 +174,7 @@ fn layer_steps(cfg: &Config, report: &mut Report) {
 
 pub fn run(cfg: &Config, report: &mut Report) {
     kernel(cfg, report);
-    layer_steps(cfg, report);
+    if !cfg.simulating() {
+        layer_steps(cfg, report);
+    }
 }

@@ -26,6 +26,8 @@
 //! pairs, few at `C = 16`; within `C * 2^-60` absolute, see [`pair_products`]); `q e^G`,
 //! `k e^(G_last - G)` and `e^(G_last)` are running products too, one decay per row of the state.
 
+use std::ops::Range;
+
 use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2, recurrent};
 use crate::dtype::DType;
 pub use crate::kernels::chunking::Chunk;
@@ -173,8 +175,16 @@ pub type EachHead<'a> = &'a mut dyn FnMut(usize, &HeadScratch);
 /// [`intra`] of one ISA.
 pub type IntraStep = unsafe fn(&Pass1, &mut [f32], EachHead);
 /// [`inter_chunk_checkpointed`] of one ISA.
-pub type InterStep =
-    unsafe fn(&DeltaRule, &Sequence, &HeadScratch, &mut [f32], &mut [f32], Chunk, usize);
+pub type InterStep = unsafe fn(
+    &DeltaRule,
+    &Sequence,
+    &HeadScratch,
+    &mut [f32],
+    &mut [f32],
+    Chunk,
+    usize,
+    Range<usize>,
+);
 
 /// One ISA's out-of-line copies of the two per-chunk steps, which every schedule calls (inlined
 /// into each schedule, they made the chunked form's code twice as large for no speed).
@@ -201,6 +211,7 @@ pub unsafe fn intra_task(
         c,
         chunk,
         h,
+        members: (0, layout.group),
         next: (chunk.start + chunk.len, h),
     };
     let mut buf = TaskBuffer::take(intra_floats(args));
@@ -298,11 +309,17 @@ pub struct Pass1<'a> {
     c: usize,
     chunk: Chunk,
     h: usize,
+    /// The v-heads of the group (numbers `start..end`) this task prepares.
+    members: (usize, usize),
     /// The first token and q/k head of this thread's next pass-1 work, whose rows it prefetches.
     next: (usize, usize),
 }
 
 impl Pass1<'_> {
+    fn members(&self) -> Range<usize> {
+        self.members.0..self.members.1
+    }
+
     /// The scratch of v-head number `j` of the group.
     fn head(&self, j: usize) -> HeadScratch {
         self.layout.head(self.scratch, self.c, self.h, j)
@@ -342,7 +359,7 @@ unsafe fn intra_per_head<S: Simd>(
     next: &mut NextChunk,
     each: EachHead,
 ) {
-    let (args, layout, chunk, h) = (task.args, task.layout, task.chunk, task.h);
+    let (args, chunk, h) = (task.args, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let Work { q, k, kk } = work;
@@ -384,7 +401,7 @@ unsafe fn intra_per_head<S: Simd>(
     let mut beta = [0f32; C];
     let mut eg = [0f32; C];
     let mut etail = [0f32; C];
-    for j in 0..layout.group {
+    for j in task.members() {
         let hv = args.v_head(h, j);
         let hs = task.head(j);
         // Cumulative log-decay.
@@ -706,7 +723,7 @@ unsafe fn intra_per_channel<S: Simd>(
     next: &mut NextChunk,
     each: EachHead,
 ) {
-    let (args, layout, chunk) = (task.args, task.layout, task.chunk);
+    let (args, chunk) = (task.args, task.chunk);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let Work { q, k, kk } = work;
@@ -714,10 +731,11 @@ unsafe fn intra_per_channel<S: Simd>(
     let (a0, a1) = a.split_at_mut(C * kp);
     let (kk1, qk1) = pair.split_at_mut(C * C);
     let mut beta = [[0f32; C]; 2];
-    let mut j = 0;
-    while j < layout.group {
+    let members = task.members();
+    let mut j = members.start;
+    while j < members.end {
         // Two v-heads at a time share the pair loop's loads of k and q.
-        let heads = (layout.group - j).min(2);
+        let heads = (members.end - j).min(2);
         for (n, a) in [&mut *a0, &mut *a1].into_iter().enumerate().take(heads) {
             unsafe { decays::<S>(task, args.v_head(task.h, j + n), a, &mut beta[n], next) };
         }
@@ -853,11 +871,14 @@ unsafe fn per_channel_head<S: Simd>(
     each(j, &hs);
 }
 
-/// Pass 2 for one (sequence, v-head) over its chunks `chunks` (global chunk indices from `first`).
+/// Pass 2 for one (sequence, v-head, block of state columns `cols`) over its chunks `chunks`
+/// (global chunk indices from `first`). Each column of the state evolves on its own (the decay,
+/// `k` and `x` act on rows), so column blocks are independent tasks with the same bits.
 ///
 /// # Safety
-/// Pass 1 has filled the scratch of these chunks; this task alone reads and writes their v-head
-/// `hv` blocks, the sequence's output rows for `hv` and its state slot for `hv`.
+/// Pass 1 has filled the scratch of these chunks; this task alone reads and writes the `cols`
+/// of their v-head `hv` blocks, of the sequence's output rows for `hv` and of its state slot for
+/// `hv`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn inter<S: Simd>(
@@ -868,6 +889,7 @@ pub unsafe fn inter<S: Simd>(
     first: usize,
     chunks: &[Chunk],
     hv: usize,
+    cols: Range<usize>,
     steps: &Steps,
 ) {
     let (kd, vd) = (args.k_dim, args.v_dim);
@@ -875,7 +897,7 @@ pub unsafe fn inter<S: Simd>(
     let mut buf = TaskBuffer::take(kd * vd + C * vd);
     let (s, vn) = buf.split_at_mut(kd * vd);
     unsafe {
-        load_state::<S>(args, seq, hv, s);
+        load_state::<S>(args, seq, hv, cols.clone(), s);
         for (ci, &chunk) in chunks.iter().enumerate() {
             let hs = layout.head(scratch, first + ci, h, j);
             if let Some(next) = chunks.get(ci + 1) {
@@ -884,9 +906,9 @@ pub unsafe fn inter<S: Simd>(
                     .head(scratch, first + ci + 1, h, j)
                     .prefetch(args, next.len);
             }
-            (steps.inter)(args, seq, &hs, s, vn, chunk, hv);
+            (steps.inter)(args, seq, &hs, s, vn, chunk, hv, cols.clone());
         }
-        store_state::<S>(args, seq, hv, s);
+        store_state::<S>(args, seq, hv, cols, s);
     }
 }
 
@@ -895,16 +917,21 @@ pub unsafe fn inter<S: Simd>(
 /// complete, that v-head's pass 2, while its scratch is still in cache (one v-head block, reused:
 /// the same arithmetic as the two passes, so the same bits). The heads take each chunk in turn
 /// (their states stay in L2), so a token's rows of adjacent heads are read one after another.
+/// The task covers the v-heads numbered `members` in each group and the state columns `cols` of
+/// them (see [`inter`]): more tasks than heads when the threads outnumber them, each repeating
+/// the part of pass 1 its v-heads share.
 ///
 /// # Safety
-/// This task alone reads and writes the sequence's output rows and state slots of the v-heads of
-/// `qk_heads`; `chunks` are the sequence's.
+/// This task alone reads and writes the `cols` of the sequence's output rows and state slots of
+/// its v-heads (`members` of the groups of `qk_heads`); `chunks` are the sequence's.
 #[inline(always)]
 pub unsafe fn fused<S: Simd>(
     args: &DeltaRule,
     seq: &Sequence,
     chunks: &[Chunk],
-    qk_heads: std::ops::Range<usize>,
+    qk_heads: Range<usize>,
+    members: Range<usize>,
+    cols: Range<usize>,
     steps: &Steps,
 ) {
     let (kd, vd) = (args.k_dim, args.v_dim);
@@ -918,7 +945,7 @@ pub unsafe fn fused<S: Simd>(
         v_dim: vd,
     };
     let scratch_floats = layout_of(0).chunk_size();
-    let per_head = group * kd * vd;
+    let per_head = members.len() * kd * vd;
     let states = qk_heads.len() * per_head;
     let mut buf = TaskBuffer::take(states + C * vd + scratch_floats + intra_floats(args));
     let mut rest = &mut buf[..];
@@ -926,12 +953,12 @@ pub unsafe fn fused<S: Simd>(
     let scratch = carve(&mut rest, scratch_floats).as_mut_ptr();
     let h0 = qk_heads.start;
     // Where v-head number `j` of q/k head `h` keeps its state.
-    let state_at = |h: usize, j: usize| ((h - h0) * group + j) * kd * vd;
+    let state_at = |h: usize, j: usize| ((h - h0) * members.len() + j - members.start) * kd * vd;
     unsafe {
         for h in qk_heads.clone() {
-            for j in 0..group {
+            for j in members.clone() {
                 let s = &mut states[state_at(h, j)..][..kd * vd];
-                load_state::<S>(args, seq, args.v_head(h, j), s);
+                load_state::<S>(args, seq, args.v_head(h, j), cols.clone(), s);
             }
         }
         for &chunk in chunks {
@@ -939,7 +966,8 @@ pub unsafe fn fused<S: Simd>(
                 let layout = layout_of(h);
                 let mut inter = |j: usize, hs: &HeadScratch| {
                     let s = &mut states[state_at(h, j)..][..kd * vd];
-                    (steps.inter)(args, seq, hs, s, vn, chunk, args.v_head(h, j))
+                    let hv = args.v_head(h, j);
+                    (steps.inter)(args, seq, hs, s, vn, chunk, hv, cols.clone())
                 };
                 let next = match h + 1 < qk_heads.end {
                     true => (chunk.start, h + 1),
@@ -952,60 +980,84 @@ pub unsafe fn fused<S: Simd>(
                     c: 0,
                     chunk,
                     h,
+                    members: (members.start, members.end),
                     next,
                 };
                 (steps.intra)(&task, rest, &mut inter);
             }
         }
         for h in qk_heads.clone() {
-            for j in 0..group {
+            for j in members.clone() {
                 let s = &states[state_at(h, j)..][..kd * vd];
-                store_state::<S>(args, seq, args.v_head(h, j), s);
+                store_state::<S>(args, seq, args.v_head(h, j), cols.clone(), s);
             }
         }
     }
 }
 
-/// The state `[K][V]` of v-head `hv` the sequence starts from (zero without a slot to read).
+/// The columns `cols` of the state `[K][V]` of v-head `hv` the sequence starts from (zero
+/// without a slot to read).
 ///
 /// # Safety
 /// `s` holds `K * V` zeros; the slot is in bounds.
 #[inline(always)]
-unsafe fn load_state<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize, s: &mut [f32]) {
+unsafe fn load_state<S: Simd>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    hv: usize,
+    cols: Range<usize>,
+    s: &mut [f32],
+) {
     if let Some(slot) = seq.read {
         let st = args
             .state
             .as_ref()
             .expect("state slot without a state tensor");
         for (r, row) in s.chunks_exact_mut(args.v_dim).enumerate() {
-            unsafe { load_row_simd::<S>(st.at(&[slot, hv, r]), st.dtype, st.strides[3], row) };
+            let (at, row) = (st.at(&[slot, hv, r, cols.start]), &mut row[cols.clone()]);
+            unsafe { load_row_simd::<S>(at, st.dtype, st.strides[3], row) };
         }
     }
 }
 
-/// Stores the sequence's final state of v-head `hv`, if it has a slot to write.
+/// Stores the columns `cols` of the sequence's final state of v-head `hv`, if it has a slot to
+/// write.
 ///
 /// # Safety
-/// The slot is in bounds and this task's alone.
+/// The slot's `cols` are in bounds and this task's alone.
 #[inline(always)]
-unsafe fn store_state<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize, s: &[f32]) {
+unsafe fn store_state<S: Simd>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    hv: usize,
+    cols: Range<usize>,
+    s: &[f32],
+) {
     if let StateWrite::Final(slot) = seq.write {
-        unsafe { store_slot::<S>(args, slot, hv, s) };
+        unsafe { store_slot::<S>(args, slot, hv, cols, s) };
     }
 }
 
-/// Stores the state `[K][V]` of v-head `hv` to `slot`, rounded to the state dtype.
+/// Stores the columns `cols` of the state `[K][V]` of v-head `hv` to `slot`, rounded to the
+/// state dtype.
 ///
 /// # Safety
-/// The slot is in bounds and this task's alone.
+/// The slot's `cols` are in bounds and this task's alone.
 #[inline(always)]
-unsafe fn store_slot<S: Simd>(args: &DeltaRule, slot: usize, hv: usize, s: &[f32]) {
+unsafe fn store_slot<S: Simd>(
+    args: &DeltaRule,
+    slot: usize,
+    hv: usize,
+    cols: Range<usize>,
+    s: &[f32],
+) {
     let st = args
         .state
         .as_ref()
         .expect("state slot without a state tensor");
     for (r, row) in s.chunks_exact(args.v_dim).enumerate() {
-        unsafe { store_row_simd::<S>(st.at(&[slot, hv, r]), st.dtype, st.strides[3], row) };
+        let at = st.at(&[slot, hv, r, cols.start]);
+        unsafe { store_row_simd::<S>(at, st.dtype, st.strides[3], &row[cols.clone()]) };
     }
 }
 
@@ -1026,7 +1078,8 @@ impl HeadScratch {
 /// strictly inside it runs the recurrence over the chunk's first tokens from the chunk-start
 /// state into a copy (so the chunk boundaries, and with them `out` and the carried state, stay
 /// exactly as without checkpoints); one at the chunk's end stores the carried state, rounded once
-/// as a final state is.
+/// as a final state is. A sequence with checkpoints is never split by columns (the recurrence
+/// into a checkpoint runs over whole states).
 ///
 /// # Safety
 /// As for [`inter_chunk`]; the checkpoint slots are this task's alone.
@@ -1040,13 +1093,15 @@ pub unsafe fn inter_chunk_checkpointed<S: Simd>(
     vn: &mut [f32],
     chunk: Chunk,
     hv: usize,
+    cols: Range<usize>,
 ) {
     let from = chunk.start - seq.start;
     let to = from + chunk.len;
     unsafe {
         if seq.checkpoints.is_empty() {
-            return inter_chunk::<S>(args, hs, s, vn, chunk, hv);
+            return inter_chunk::<S>(args, hs, s, vn, chunk, hv, cols);
         }
+        assert_eq!(cols, 0..args.v_dim, "checkpoints need whole states");
         let dtype = args.state.as_ref().map_or(DType::F32, |st| st.dtype);
         for cp in seq.checkpoints_inside(from, to) {
             let len = cp.after - from;
@@ -1054,18 +1109,22 @@ pub unsafe fn inter_chunk_checkpointed<S: Simd>(
                 args, hv, s, chunk.start, len, cp.slot
             ));
         }
-        inter_chunk::<S>(args, hs, s, vn, chunk, hv);
+        inter_chunk::<S>(args, hs, s, vn, chunk, hv, cols.clone());
         for cp in seq.checkpoints_after(to) {
-            store_slot::<S>(args, cp.slot, hv, s);
+            store_slot::<S>(args, cp.slot, hv, cols.clone(), s);
         }
     }
 }
 
-/// Pass 2 of one chunk for v-head `hv`: its output rows from the state `s` (`[K][V]`) and the
-/// chunk's scratch `hs`, then the state carried past the chunk; `vn` is `[C][V]` room for `v'`.
+/// Pass 2 of one chunk for v-head `hv`, state columns `cols`: those columns of its output rows
+/// from the state `s` (`[K][V]`) and the chunk's scratch `hs`, then of the state carried past the
+/// chunk; `vn` is `[C][V]` room for `v'`. Every product below keeps its column (`x`, `T`, `q`,
+/// `P`, `k` and the decays act on rows), and the GEMM sums each element in the same order
+/// whatever its column block, so a block of columns gets the bits of the whole state.
 ///
 /// # Safety
-/// Pass 1 has filled `hs`; this task alone writes the chunk's output rows of `hv`.
+/// Pass 1 has filled `hs`; this task alone writes the `cols` of the chunk's output rows of `hv`
+/// and of its `y` block.
 #[inline(always)]
 pub unsafe fn inter_chunk<S: Simd>(
     args: &DeltaRule,
@@ -1074,13 +1133,15 @@ pub unsafe fn inter_chunk<S: Simd>(
     vn: &mut [f32],
     chunk: Chunk,
     hv: usize,
+    cols: Range<usize>,
 ) {
     let (kd, vd, kp, m) = (args.k_dim, args.v_dim, padded_k(args.k_dim), chunk.len);
+    let (c0, n) = (cols.start, cols.len());
     let out = &args.out;
     if out.strides[2] == 1 {
         // The chunk's output rows, a page apart, are stored after four GEMMs.
         for i in 0..m {
-            prefetch_l2(out.at(&[chunk.start + i, hv]), vd * out.dtype.size());
+            prefetch_l2(out.at(&[chunk.start + i, hv, c0]), n * out.dtype.size());
         }
     }
     let rows = |ptr: *const f32, row_stride: usize| MatA {
@@ -1089,64 +1150,26 @@ pub unsafe fn inter_chunk<S: Simd>(
         col_stride: 1,
     };
     unsafe {
+        // Column block `cols` of every [.][V] operand: `s`, `y` (then `o`), `v'`, `out`.
+        let (sc, y, vn) = (
+            s.as_mut_ptr().add(c0),
+            hs.y.add(c0),
+            vn.as_mut_ptr().add(c0),
+        );
         // z = y + x S, in place over y; v' = T z.
-        gemm::<S>(
-            m,
-            vd,
-            kd,
-            rows(hs.x, kp),
-            s.as_ptr(),
-            vd,
-            hs.y,
-            vd,
-            Start::C,
-            false,
-        );
+        gemm::<S>(m, n, kd, rows(hs.x, kp), sc, vd, y, vd, Start::C, false);
         let t = rows(hs.t, C);
-        gemm::<S>(
-            m,
-            vd,
-            m,
-            t,
-            hs.y,
-            vd,
-            vn.as_mut_ptr(),
-            vd,
-            Start::Zero,
-            true,
-        );
+        gemm::<S>(m, n, m, t, y, vd, vn, vd, Start::Zero, true);
         // o = (q e^G) S + P v', over the spent z.
-        let o = hs.y;
-        gemm::<S>(
-            m,
-            vd,
-            kd,
-            rows(hs.qg, kp),
-            s.as_ptr(),
-            vd,
-            o,
-            vd,
-            Start::Zero,
-            false,
-        );
-        gemm::<S>(
-            m,
-            vd,
-            m,
-            rows(hs.p, C),
-            vn.as_ptr(),
-            vd,
-            o,
-            vd,
-            Start::C,
-            true,
-        );
+        let o = y;
+        gemm::<S>(m, n, kd, rows(hs.qg, kp), sc, vd, o, vd, Start::Zero, false);
+        gemm::<S>(m, n, m, rows(hs.p, C), vn, vd, o, vd, Start::C, true);
         for i in 0..m {
             store_row_simd::<S>(
-                out.at(&[chunk.start + i, hv]),
+                out.at(&[chunk.start + i, hv, c0]),
                 out.dtype,
                 out.strides[2],
-                std::slice::from_raw_parts(o.add(i * vd), vd),
+                std::slice::from_raw_parts(o.add(i * vd), n),
             );
         }
         // S = e^(G_last) S + (k e^(G_last - G))^T v', row r scaled by its own decay.
@@ -1157,12 +1180,12 @@ pub unsafe fn inter_chunk<S: Simd>(
         };
         gemm::<S>(
             kd,
-            vd,
+            n,
             m,
             kdec_t,
-            vn.as_ptr(),
+            vn,
             vd,
-            s.as_mut_ptr(),
+            sc,
             vd,
             Start::DecayedC(hs.elast),
             false,

@@ -11,13 +11,15 @@ use super::gating::KdaGating;
 use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
 use crate::error::{Error, Result, Status};
 use crate::kernels::chunking::{Plan, Waves, with_scratch};
+use crate::kernels::recurrent_bytes;
 use crate::runtime::{Context, Isa};
 
 pub(super) type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
 pub(super) type IntraFn = unsafe fn(&DeltaRule, &Layout, *mut f32, usize, Chunk, usize);
 pub(super) type InterFn =
-    unsafe fn(&DeltaRule, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize);
-pub(super) type FusedFn = unsafe fn(&DeltaRule, &Sequence, &[Chunk], Range<usize>);
+    unsafe fn(&DeltaRule, &Layout, *mut f32, &Sequence, usize, &[Chunk], usize, Range<usize>);
+pub(super) type FusedFn =
+    unsafe fn(&DeltaRule, &Sequence, &[Chunk], Range<usize>, Range<usize>, Range<usize>);
 /// One row of `ssmk_kda_gating` (see [`super::gating::kda_gate_row`]).
 pub type KdaGateRowFn = unsafe fn(&KdaGating, &[f32], &[f32], usize, &mut [f32]);
 
@@ -61,6 +63,7 @@ macro_rules! gdn_entry_points {
 
             #[target_feature(enable = $features)]
             #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
             unsafe fn inter_step(
                 args: &DeltaRule,
                 seq: &Sequence,
@@ -69,8 +72,11 @@ macro_rules! gdn_entry_points {
                 vn: &mut [f32],
                 chunk: Chunk,
                 hv: usize,
+                cols: Range<usize>,
             ) {
-                unsafe { chunked::inter_chunk_checkpointed::<$simd>(args, seq, hs, s, vn, chunk, hv) }
+                unsafe {
+                    chunked::inter_chunk_checkpointed::<$simd>(args, seq, hs, s, vn, chunk, hv, cols)
+                }
             }
 
             const STEPS: Steps = Steps { intra: intra_step, inter: inter_step };
@@ -80,6 +86,7 @@ macro_rules! gdn_entry_points {
             }
 
             #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
             unsafe fn inter(
                 args: &DeltaRule,
                 layout: &Layout,
@@ -88,13 +95,25 @@ macro_rules! gdn_entry_points {
                 first: usize,
                 chunks: &[Chunk],
                 hv: usize,
+                cols: Range<usize>,
             ) {
-                unsafe { chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, hv, &STEPS) }
+                unsafe {
+                    chunked::inter::<$simd>(args, layout, scratch, seq, first, chunks, hv, cols, &STEPS)
+                }
             }
 
             #[target_feature(enable = $features)]
-            unsafe fn fused(args: &DeltaRule, seq: &Sequence, chunks: &[Chunk], qk_heads: Range<usize>) {
-                unsafe { chunked::fused::<$simd>(args, seq, chunks, qk_heads, &STEPS) }
+            unsafe fn fused(
+                args: &DeltaRule,
+                seq: &Sequence,
+                chunks: &[Chunk],
+                qk_heads: Range<usize>,
+                members: Range<usize>,
+                cols: Range<usize>,
+            ) {
+                unsafe {
+                    chunked::fused::<$simd>(args, seq, chunks, qk_heads, members, cols, &STEPS)
+                }
             }
 
             #[target_feature(enable = $features)]
@@ -126,8 +145,18 @@ unsafe fn run_simple_task(kernels: &Kernels, args: &DeltaRule, simple: &[usize],
     }
 }
 
+/// The recurrent and padded sequences alone (a call with no chunked one): on the calling thread
+/// when they move little (a decode of a few sequences, see [`Context::for_each_moving`]).
 fn run_simple(ctx: &Context, kernels: &Kernels, args: &DeltaRule, simple: &[usize]) {
-    ctx.for_each(simple.len() * args.v_heads, |task| {
+    let state_size = args.state.as_ref().map_or(4, |s| s.dtype.size());
+    let head_bytes = args.k_dim * args.v_dim * state_size;
+    let bytes = recurrent_bytes(
+        &args.sequences,
+        simple.iter().copied(),
+        args.v_heads,
+        head_bytes,
+    );
+    ctx.for_each_moving(simple.len() * args.v_heads, bytes, |task| {
         // SAFETY: each task owns its sequence's output rows and slots for one v-head.
         unsafe { run_simple_task(kernels, args, simple, task) }
     });
@@ -143,9 +172,7 @@ pub fn kda_gate_row(isa: Isa) -> KdaGateRowFn {
     kernels(isa).kda_gate_row
 }
 
-/// With at least this many (chunked sequence, q/k head) pairs per thread, each pair is one task
-/// running both passes chunk by chunk (the scratch of one chunk stays in cache); with fewer, the
-/// passes run in waves over all threads.
+/// Fused tasks that carry several q/k heads still leave this many tasks per thread.
 const FUSED_TASKS_PER_THREAD: usize = 2;
 
 /// The f32 states one fused task keeps in L2 beside a chunk's scratch: its q/k heads' v-heads
@@ -154,6 +181,90 @@ const FUSED_TASKS_PER_THREAD: usize = 2;
 /// 8 v-heads per task made the per-channel prefill 5-7% and Gated DeltaNet 3% faster
 /// (in-process A/B, Xeon AVX-512; 16 v-heads, 1 MiB, were slower again).
 const FUSED_STATE_BYTES: usize = 512 << 10;
+
+/// Narrowest block of state columns a pass-2 task takes: a multiple of every ISA's vector, and
+/// wide enough that its GEMMs keep whole register panels (32 = two AVX-512 vectors).
+const MIN_BLOCK_COLUMNS: usize = 32;
+
+/// Share of a fused task's time that is pass 1 (measured: splitting a Gated DeltaNet or KDA
+/// prefill's fused tasks into 2 and 4 column blocks made their sum 1.25 and 1.7-1.8 times the
+/// unsplit one), which every column block of a head repeats.
+const PASS1_SHARE: f64 = 0.25;
+
+/// Share of a head's pass 1 that its v-heads have in common (loading q and k, `k k^T`, `q k^T`),
+/// which a task of some of them repeats; the rest is per v-head.
+const PASS1_COMMON: f64 = 0.5;
+
+/// How each (sequence, q/k head) pair is split into tasks when the pairs alone do not fill the
+/// threads: into runs of its group's v-heads and blocks of state columns.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Split {
+    member_runs: usize,
+    blocks: usize,
+}
+
+impl Split {
+    const WHOLE: Split = Split {
+        member_runs: 1,
+        blocks: 1,
+    };
+
+    fn ways(self) -> usize {
+        self.member_runs * self.blocks
+    }
+
+    /// Predicted time of `units` pairs split so on `threads` threads, in unsplit tasks: rounds
+    /// of tasks times one task (the common part of pass 1 whole, the rest shared by the runs,
+    /// pass 2 by runs and blocks).
+    fn cost(self, units: usize, threads: usize) -> f64 {
+        let rounds = (units * self.ways()).div_ceil(threads.max(1)) as f64;
+        let runs = self.member_runs as f64;
+        let pass1 = PASS1_SHARE * (PASS1_COMMON + (1.0 - PASS1_COMMON) / runs);
+        rounds * (pass1 + (1.0 - PASS1_SHARE) / self.ways() as f64)
+    }
+
+    /// The split of `units` pairs over `threads` threads that minimises [`Split::cost`] (the
+    /// fewest tasks among equals): whole pairs while they fill the threads (always on 1-2
+    /// threads), more on a socket, where one long prefill has fewer heads than cores. Runs of
+    /// v-heads only with `members` (the fused form; the waves' pass 2 is per v-head already);
+    /// column blocks of at least [`MIN_BLOCK_COLUMNS`], none with checkpoints (see
+    /// [`chunked::inter_chunk_checkpointed`]).
+    fn best(args: &DeltaRule, units: usize, threads: usize, members: bool) -> Split {
+        let powers = |most: usize| {
+            std::iter::successors(Some(1usize), |b| Some(b * 2)).take_while(move |&b| b <= most)
+        };
+        let group = args.v_heads / args.heads;
+        let most_runs = match members {
+            true => group,
+            false => 1,
+        };
+        let most_blocks = match args.v_dim.is_multiple_of(MIN_BLOCK_COLUMNS)
+            && args.sequences.iter().all(|s| s.checkpoints.is_empty())
+        {
+            true => args.v_dim / MIN_BLOCK_COLUMNS,
+            false => 1,
+        };
+        let mut best = Split::WHOLE;
+        for member_runs in powers(most_runs).filter(|r| group.is_multiple_of(*r)) {
+            for blocks in powers(most_blocks) {
+                let split = Split {
+                    member_runs,
+                    blocks,
+                };
+                if split.cost(units, threads) < best.cost(units, threads) {
+                    best = split;
+                }
+            }
+        }
+        best
+    }
+}
+
+/// Block `block` of `blocks` of the state columns.
+fn block_columns(v_dim: usize, blocks: usize, block: usize) -> Range<usize> {
+    let width = v_dim / blocks;
+    block * width..(block + 1) * width
+}
 
 /// q/k heads per fused task: as many as [`FUSED_STATE_BYTES`] holds the states of, as long as
 /// every thread still gets [`FUSED_TASKS_PER_THREAD`] tasks.
@@ -183,19 +294,35 @@ pub unsafe fn gated_delta_rule(
         run_simple(ctx, kernels, args, &simple);
         return Ok(());
     }
-    if chunked_seqs.len() * heads >= FUSED_TASKS_PER_THREAD * ctx.threads() {
-        let per_task = fused_heads_per_task(args, chunked_seqs.len(), ctx.threads());
-        let per_seq = heads.div_ceil(per_task);
+    // One task per (chunked sequence, run of q/k heads or run of one head's v-heads, block of
+    // state columns) when that keeps at least half the threads busy: each runs both passes chunk
+    // by chunk, its scratch in cache (the waves below stream their scratch through memory: over
+    // twice the work). A split pair repeats part of its pass 1, the price of more tasks than
+    // heads.
+    let split = Split::best(args, chunked_seqs.len() * heads, ctx.threads(), true);
+    if chunked_seqs.len() * heads * split.ways() >= ctx.threads().div_ceil(2) {
+        let per_task = match split {
+            Split::WHOLE => fused_heads_per_task(args, chunked_seqs.len(), ctx.threads()),
+            _ => 1,
+        };
+        let ways = split.ways();
+        let per_seq = heads.div_ceil(per_task) * ways;
+        let run_members = v_heads / heads / split.member_runs;
         let fused_tasks = chunked_seqs.len() * per_seq;
         ctx.for_each(fused_tasks + simple.len() * v_heads, |task| unsafe {
-            // SAFETY: each task owns its sequence's output rows and slots for its v-heads.
+            // SAFETY: each task owns its sequence's output rows and slots for the columns of its
+            // v-heads.
             match task.checked_sub(fused_tasks) {
                 None => {
                     let (b, first, count) = chunked_seqs[task / per_seq];
                     let chunks = &chunks[first..first + count];
-                    let h0 = (task % per_seq) * per_task;
+                    let (run, part) = (task % per_seq / ways, task % ways);
+                    let h0 = run * per_task;
                     let qk_heads = h0..(h0 + per_task).min(heads);
-                    (kernels.fused)(args, &args.sequences[b], chunks, qk_heads)
+                    let m0 = part / split.blocks * run_members;
+                    let members = m0..m0 + run_members;
+                    let cols = block_columns(args.v_dim, split.blocks, part % split.blocks);
+                    (kernels.fused)(args, &args.sequences[b], chunks, qk_heads, members, cols)
                 }
                 Some(simple_task) => run_simple_task(kernels, args, &simple, simple_task),
             }
@@ -206,9 +333,10 @@ pub unsafe fn gated_delta_rule(
     // K=V=128; process the q/k heads in waves just wide enough to keep every thread busy in pass
     // 2, reusing one buffer (kept per calling thread between calls: no page faults per call).
     let group = v_heads / heads;
+    let blocks = Split::best(args, chunked_seqs.len() * v_heads, ctx.threads(), false).blocks;
     let wanted_tasks = 4 * ctx.threads();
     let wave = wanted_tasks
-        .div_ceil(chunked_seqs.len() * group)
+        .div_ceil(chunked_seqs.len() * group * blocks)
         .clamp(1, heads);
     let layout_of = |first_head: usize| Layout {
         first_head,
@@ -243,12 +371,13 @@ pub unsafe fn gated_delta_rule(
                 (kernels.intra)(args, &layout_of(first_head), base.get(), c, chunks[c], h);
             },
             |task| unsafe { run_simple_task(kernels, args, &simple, task) },
-            |wave_heads| chunked_seqs.len() * wave_heads * group,
+            |wave_heads| chunked_seqs.len() * wave_heads * group * blocks,
             |first_head, wave_heads, task| unsafe {
                 let wave_v_heads = wave_heads * group;
-                let (b, first, count) = chunked_seqs[task / wave_v_heads];
-                let member = task % wave_v_heads;
+                let (b, first, count) = chunked_seqs[task / (wave_v_heads * blocks)];
+                let member = task / blocks % wave_v_heads;
                 let hv = args.v_head(first_head + member / group, member % group);
+                let cols = block_columns(args.v_dim, blocks, task % blocks);
                 (kernels.inter)(
                     args,
                     &layout_of(first_head),
@@ -257,6 +386,7 @@ pub unsafe fn gated_delta_rule(
                     first,
                     &chunks[first..first + count],
                     hv,
+                    cols,
                 )
             },
         )

@@ -8,7 +8,7 @@ use super::chunked::Layout;
 use super::{CHUNK, RECURRENT_MAX_LEN, Scan, recurrent};
 use crate::error::{Error, Result, Status};
 use crate::kernels::chunking::{Chunk, Plan, Waves, with_scratch};
-use crate::kernels::{Path, Sequence};
+use crate::kernels::{Path, Sequence, recurrent_bytes};
 use crate::runtime::{Context, Isa};
 use std::ops::Range;
 
@@ -107,7 +107,13 @@ unsafe fn run_channels(ctx: &Context, kernels: &Kernels, args: &Scan) -> Result<
     let group_heads = args.heads / args.groups;
     let blocks = group_heads.div_ceil(kernels.channel_block);
     let per_sequence = args.groups * blocks;
-    ctx.for_each(args.sequences.len() * per_sequence, |task| {
+    let bytes = recurrent_bytes(
+        &args.sequences,
+        0..args.sequences.len(),
+        args.heads,
+        args.head_state_bytes(),
+    );
+    ctx.for_each_moving(args.sequences.len() * per_sequence, bytes, |task| {
         let seq = &args.sequences[task / per_sequence];
         let (g, block) = (task % per_sequence / blocks, task % blocks);
         let start = g * group_heads + block * kernels.channel_block;
@@ -153,7 +159,9 @@ pub unsafe fn mamba2_scan(ctx: &Context, isa: Isa, path: Path, args: &Scan) -> R
     } = Plan::new(&args.sequences, path, CHUNK, RECURRENT_MAX_LEN);
     let heads = args.heads;
     if chunks.is_empty() {
-        ctx.for_each(simple.len() * heads, |task| {
+        let head_bytes = args.head_state_bytes();
+        let bytes = recurrent_bytes(&args.sequences, simple.iter().copied(), heads, head_bytes);
+        ctx.for_each_moving(simple.len() * heads, bytes, |task| {
             // SAFETY: each task owns its sequence's output rows and slots for one head.
             unsafe { run_simple_task(kernels, args, &simple, task) }
         });

@@ -134,6 +134,11 @@ impl Scan {
         unsafe { load_row(a.at(&[h, 0]), DType::F32, a.strides[1], dst) };
     }
 
+    /// Bytes of one head's `[P, N]` state in the pool (f32 without a pool).
+    pub fn head_state_bytes(&self) -> usize {
+        self.head_dim * self.state_dim * self.state_dtype().size()
+    }
+
     /// The state's dtype (f32 when there is none).
     pub fn state_dtype(&self) -> DType {
         self.state.as_ref().map_or(DType::F32, |s| s.dtype)

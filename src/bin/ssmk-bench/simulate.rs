@@ -1,0 +1,200 @@
+//! `--simulate-threads`: how a call would scale on a socket this machine does not have. The call
+//! runs on a recording context ([`ssmk::runtime::Context::recording`]) that splits it exactly as
+//! P threads would but runs every task in turn on one thread and times it; the tasks are then
+//! replayed on P simulated workers with the pool's policy: each pass (one `for_each`) hands out
+//! its tasks in index order to whichever worker is free first and ends when its last task does
+//! (the next pass waits for it, as the kernels' passes do), and every pass of more than one task
+//! pays the fork-join cost of the real pool, measured in this run. Work the call does outside its
+//! passes (validation, planning, calls small enough to stay on the calling thread) is serial.
+//!
+//! What the replay ignores: shared caches and memory bandwidth (a task takes as long on a busy
+//! socket as alone on this one; the row prints the bandwidth the predicted speed would need, so
+//! a reader sees where memory binds first), NUMA, frequency changes with load, and the growth of
+//! the fork-join cost with P (the 2-thread cost is charged at every P).
+
+use std::time::Instant;
+
+use ssmk::ffi::context::ssmk_context;
+use ssmk::runtime::{Context, Pass};
+
+use crate::harness::{Config, Ctx, Report, time};
+
+/// The recording of one call split for `threads` workers: its passes, and the time spent outside
+/// them.
+struct Recording {
+    passes: Vec<Pass>,
+    serial: f64,
+}
+
+impl Recording {
+    /// Several recorded calls (after a warm-up call) merged task by task, keeping each task's
+    /// shortest time: the split of a call does not change between calls, and on a shared machine
+    /// a task the OS preempted would otherwise pose as a long one (and the replay would blame the
+    /// split for it).
+    fn of(cfg: &Config, threads: usize, call: &mut impl FnMut(&Ctx)) -> Recording {
+        let ctx = Ctx(ssmk_context::recording(threads));
+        let runtime = || unsafe { (*ctx.0).runtime() };
+        call(&ctx);
+        runtime().take_passes();
+        let mut best: Option<Recording> = None;
+        for _ in 0..cfg.pick(7, 2) {
+            let start = Instant::now();
+            call(&ctx);
+            let wall = start.elapsed().as_secs_f64();
+            let passes = runtime().take_passes();
+            let tasks: f64 = passes.iter().flat_map(|p| &p.task_seconds).sum();
+            let run = Recording {
+                serial: (wall - tasks).max(0.0),
+                passes,
+            };
+            best = Some(match best {
+                None => run,
+                Some(mut b) => {
+                    let same_split = b.passes.len() == run.passes.len()
+                        && b.passes
+                            .iter()
+                            .zip(&run.passes)
+                            .all(|(x, y)| x.task_seconds.len() == y.task_seconds.len());
+                    assert!(same_split, "{threads}-thread split changed between calls");
+                    b.serial = b.serial.min(run.serial);
+                    for (x, y) in b.passes.iter_mut().zip(&run.passes) {
+                        for (a, &t) in x.task_seconds.iter_mut().zip(&y.task_seconds) {
+                            *a = a.min(t);
+                        }
+                    }
+                    b
+                }
+            });
+        }
+        best.expect("at least one recorded call")
+    }
+
+    fn tasks(&self) -> usize {
+        self.passes.iter().map(|p| p.task_seconds.len()).sum()
+    }
+
+    /// The call on one thread: every task in turn.
+    fn total(&self) -> f64 {
+        self.serial
+            + self
+                .passes
+                .iter()
+                .flat_map(|p| &p.task_seconds)
+                .sum::<f64>()
+    }
+
+    /// The longest chain no number of workers shortens: the serial part and each pass's longest
+    /// task.
+    fn critical_path(&self) -> f64 {
+        self.serial
+            + self
+                .passes
+                .iter()
+                .map(|p| p.task_seconds.iter().copied().fold(0.0, f64::max))
+                .sum::<f64>()
+    }
+
+    /// Predicted time on `workers` workers, each multi-task pass paying `fork_join`.
+    fn replay(&self, workers: usize, fork_join: f64) -> f64 {
+        self.serial
+            + self
+                .passes
+                .iter()
+                .map(|p| {
+                    let tasks = &p.task_seconds;
+                    match tasks.len() {
+                        0 | 1 => tasks.iter().sum(),
+                        _ => makespan(tasks, workers) + fork_join,
+                    }
+                })
+                .sum::<f64>()
+    }
+}
+
+/// Greedy list scheduling in task order: each task goes to the worker free first.
+fn makespan(tasks: &[f64], workers: usize) -> f64 {
+    let mut free_at = vec![0.0f64; workers.max(1)];
+    for &t in tasks {
+        let first = (0..free_at.len())
+            .min_by(|&a, &b| free_at[a].total_cmp(&free_at[b]))
+            .unwrap_or(0);
+        free_at[first] += t;
+    }
+    free_at.into_iter().fold(0.0, f64::max)
+}
+
+/// Seconds the real pool takes to hand out and join a pass of tiny tasks on 2 threads.
+pub fn fork_join_seconds(cfg: &Config) -> f64 {
+    let ctx = Context::new(2);
+    time(cfg, || {
+        ctx.for_each(4, |i| {
+            std::hint::black_box(i);
+        })
+    })
+}
+
+/// One simulation row: `call` recorded at 1 thread and at every simulated count, replayed, and
+/// checked against the real 1- and 2-thread runs. `bytes`: what the call must move at least
+/// (inputs read once, outputs written, states read and written).
+pub fn row(
+    cfg: &Config,
+    report: &mut Report,
+    op: &str,
+    shape: String,
+    bytes: f64,
+    mut call: impl FnMut(&Ctx),
+) {
+    let fork_join = report.fork_join_seconds;
+    let one = Recording::of(cfg, 1, &mut call);
+    let base = one.total();
+    // The real pool, for the check of the 2-thread prediction.
+    let (real1, real2) = (Ctx::new(1), Ctx::new(2));
+    let measured_1t = time(cfg, || call(&real1));
+    let measured_2t = measured_1t / time(cfg, || call(&real2));
+    let predicted_2t = base / Recording::of(cfg, 2, &mut call).replay(2, fork_join);
+    let mut cells = Vec::new();
+    let mut json = Vec::new();
+    for &p in &cfg.simulate {
+        let rec = Recording::of(cfg, p, &mut call);
+        let t = rec.replay(p, fork_join);
+        if std::env::var_os("SSMK_SIM_VERBOSE").is_some() {
+            eprintln!("  P={p} serial {:.3} ms", rec.serial * 1e3);
+            for pass in &rec.passes {
+                let t = &pass.task_seconds;
+                eprintln!(
+                    "    {} tasks sum {:.3} ms max {:.3} ms makespan {:.3} ms",
+                    t.len(),
+                    t.iter().sum::<f64>() * 1e3,
+                    t.iter().copied().fold(0.0, f64::max) * 1e3,
+                    makespan(t, p) * 1e3
+                );
+            }
+        }
+        let speedup = base / t;
+        cells.push(format!(
+            "P={p}: {speedup:.1}x ({:.0}%), {} tasks, crit {:.0}%, {:.0} GB/s",
+            100.0 * speedup / p as f64,
+            rec.tasks(),
+            100.0 * rec.critical_path() / t,
+            bytes / t / 1e9
+        ));
+        json.push(format!(
+            "{{\"p\": {p}, \"speedup\": {speedup:.3}, \"tasks\": {}, \"critical_path_s\": {:e}, \"bytes_per_task\": {:.0}, \"gbps_needed\": {:.2}}}",
+            rec.tasks(),
+            rec.critical_path(),
+            bytes / rec.tasks().max(1) as f64,
+            bytes / t / 1e9
+        ));
+    }
+    println!(
+        "{op:<34} {shape:<38} 1t {:>8.3} ms, {:.1} MB moved; 2t predicted {predicted_2t:.2}x measured {measured_2t:.2}x ({:+.0}%)\n    {}",
+        base * 1e3,
+        bytes / 1e6,
+        100.0 * (predicted_2t / measured_2t - 1.0),
+        cells.join("\n    ")
+    );
+    report.simulations.push(format!(
+        "{{\"op\": \"{op}\", \"shape\": \"{shape}\", \"seconds_1t\": {base:e}, \"bytes\": {bytes:.0}, \"predicted_2t\": {predicted_2t:.3}, \"measured_2t\": {measured_2t:.3}, \"simulated\": [{}]}}",
+        json.join(", ")
+    ));
+}

@@ -63,6 +63,12 @@ are ssmk's ``[S, ...]`` order, Mamba-1's ``[B, D, N]`` (Zamba: a head's strided 
 cache's tensor: the layers then copy the result back onto it), the final state is written into that
 tensor and returned.
 
+Prefix caching inside a prefill: :func:`checkpoints` makes the routed kernels of one cached forward
+also store their states at chosen token offsets (ssmk's state checkpoints, ABI.md 4.10), and
+:meth:`Checkpoints.rewind` turns a copy of that cache into the cache of a call that ended at any
+of them (states from the checkpoints, attention keys/values cropped), for a prompt sharing that
+prefix to continue from.
+
 Threads: each call runs on ``torch.get_num_threads()`` threads (one ``ssmk.Context`` per count,
 created on first use and kept). Versions: written against transformers 5.24; another version gets
 a warning and nothing is patched unless ``enable(force=True)``, and a family whose functions are
@@ -84,7 +90,9 @@ import ssmk
 __all__ = [
     "FAMILIES",
     "SUPPORTED_VERSIONS",
+    "Checkpoints",
     "call_counts",
+    "checkpoints",
     "disable",
     "enable",
     "enabled",
@@ -301,11 +309,172 @@ def _packed_bounds(kwargs, batch, length, conv=False):
     return torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
 
 
+# ------------------------------------------------------------------ state checkpoints (prefix caching)
+
+_capture = None  # the active Checkpoints capture, if any
+
+
+class Checkpoints:
+    """The conv and recurrent states of every linear-attention layer at chosen token offsets of one
+    cached forward, taken by ssmk's state checkpoints (ABI.md 4.10) -- see :func:`checkpoints`.
+
+    ``offsets``: the token offsets (within the captured forward) whose states were stored, once
+    the forward ran; :meth:`rewind` restores a cache to any of them.
+    """
+
+    def __init__(self, every, offsets):
+        self._every, self._asked = every, offsets
+        self.offsets = None
+        self._length = None  # tokens of the captured forward
+        self._conv_inputs = {}  # id(conv input) -> ((layer, state index), history columns, the input)
+        self._pending = []  # recurrent checkpoints of the kernel calls since the last state update
+        self._conv = {}  # (layer, state index) -> [C, *conv state shape]
+        self._recurrent = {}  # (layer, state index) -> [C, *recurrent state shape]
+
+    # -- during the forward
+    def _offsets(self, length):
+        """The checkpoint offsets of a kernel call over the forward's ``length`` tokens."""
+        if self._length is None:
+            if self._asked is None:
+                offsets = list(range(self._every, length + 1, self._every))
+            else:
+                offsets = sorted(set(int(o) for o in self._asked))
+                if offsets and not 1 <= offsets[0] <= offsets[-1] <= length:
+                    raise ValueError(f"ssmk.transformers.checkpoints: offsets {offsets} outside [1, {length}]")
+            self._length, self.offsets = length, offsets
+        elif length != self._length:
+            raise RuntimeError("ssmk.transformers.checkpoints: captures one forward; a kernel call over "
+                               f"{length} tokens followed one over {self._length}")
+        return self.offsets
+
+    def _update_conv_state(self, original, conv_states, layer_idx, state_idx=0, **kwargs):
+        full = original(conv_states, layer_idx, state_idx, **kwargs)
+        # The layer convolves what the cache returns: [history, input] (history = the cached
+        # columns, or the zero padding of a prefill shorter than the kernel).
+        self._conv_inputs[id(full)] = ((layer_idx, state_idx), full.shape[-1] - conv_states.shape[-1], full)
+        return full
+
+    def _update_recurrent_state(self, original, recurrent_states, layer_idx, state_idx=0, **kwargs):
+        pending, self._pending = self._pending, []
+        key = (layer_idx, state_idx)
+        if not pending:
+            raise RuntimeError(f"ssmk.transformers.checkpoints: layer {layer_idx}'s recurrent state came from no "
+                               "kernel ssmk ran with checkpoints")
+        # One kernel call per layer, or one per head whose states the layer stacks on dim 1 (Zamba).
+        states = pending[0] if len(pending) == 1 else torch.stack(pending, dim=2)
+        if states.shape[1:] != recurrent_states.shape:
+            raise RuntimeError(f"ssmk.transformers.checkpoints: layer {layer_idx} stores a recurrent state of shape "
+                               f"{tuple(recurrent_states.shape)}, its kernel calls returned "
+                               f"{tuple(states.shape[1:])}")
+        self._recurrent[key] = states.to(recurrent_states.dtype)
+        return original(recurrent_states, layer_idx, state_idx, **kwargs)
+
+    def _conv_call(self, x):
+        """``(layer key, history columns)`` of a conv input the cache just returned."""
+        entry = self._conv_inputs.pop(id(x), None)
+        if entry is None or entry[2] is not x:
+            raise RuntimeError("ssmk.transformers.checkpoints: a causal conv ran on an input the cache did not "
+                               "return (no cache, or a layer this capture does not know)")
+        return entry[0], entry[1]
+
+    # -- afterwards
+    def rewind(self, cache, length):
+        """Make ``cache`` what it would be had the captured forward ended after its first ``length``
+        tokens: every linear-attention layer's conv and recurrent states are overwritten (in place)
+        with their checkpoints at ``length``, every attention layer drops the keys/values (and
+        indexer keys) of the tokens after it. ``cache`` is the captured cache or a copy of it
+        (``copy.deepcopy``) -- rewinding twice to different offsets needs a copy each time."""
+        if self.offsets is None:
+            raise RuntimeError("ssmk.transformers.checkpoints: nothing was captured (no forward ran in the block)")
+        if length not in self.offsets:
+            raise ValueError(f"ssmk.transformers.checkpoints: no checkpoint at {length} (offsets {self.offsets})")
+        i = self.offsets.index(length)
+        from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
+
+        for idx, layer in enumerate(cache.layers):
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                for kind, taken in (("conv_states", self._conv), ("recurrent_states", self._recurrent)):
+                    for state_idx, t in getattr(layer, kind).items():
+                        if t is None:
+                            continue
+                        if (idx, state_idx) not in taken:
+                            raise RuntimeError(f"ssmk.transformers.checkpoints: no checkpoint of layer {idx}'s "
+                                               f"{kind}[{state_idx}]")
+                        t.copy_(taken[(idx, state_idx)][i])
+            # The attention part (transformers' linear-attention layers cannot crop their states):
+            # the first class in the layer's MRO that caches keys and defines crop.
+            for cls in type(layer).__mro__:
+                if (issubclass(cls, CacheLayerMixin) and not issubclass(cls, LinearAttentionCacheLayerMixin)
+                        and "crop" in vars(cls)):
+                    cls.crop(layer, length - self._length)
+                    break
+        return cache
+
+
+@contextlib.contextmanager
+def checkpoints(cache, every=None, offsets=None):
+    """Capture state checkpoints of the one forward run in the block::
+
+        with ssmk.transformers.checkpoints(cache, every=16) as ckpt:
+            model(input_ids=a, cache=cache, use_cache=True)
+        b_cache = ckpt.rewind(copy.deepcopy(cache), 48)   # as after a's first 48 tokens
+        model(input_ids=b[:, 48:], cache=b_cache, use_cache=True, ...)
+
+    ``every``: a checkpoint after every ``every``-th token of the forward; or ``offsets``: the token
+    offsets (``1..length`` of the forward). Each routed kernel of the forward stores the states at
+    those offsets (ssmk's checkpoint tables, into spare slots of a pool it allocates) in one call;
+    the cache's own states and the outputs are the same as without the capture (ssmk's
+    checkpoints do not change them by a bit). The kernels' states are told apart by the cache
+    updates that bracket them: a conv convolves what ``cache.update_conv_state`` returned, a
+    recurrent kernel's final state goes to ``cache.update_recurrent_state`` (both patched on
+    ``cache`` for the block). One capture at a time; the model's families must be routed
+    (:func:`enable`), and a kernel that would fall back to transformers raises instead (its
+    checkpoints could not be taken).
+    """
+    global _capture
+    if (every is None) == (offsets is None):
+        raise ValueError("ssmk.transformers.checkpoints: give one of every= and offsets=")
+    if every is not None and every < 1:
+        raise ValueError(f"ssmk.transformers.checkpoints: every={every}, expected >= 1")
+    capture = Checkpoints(every, offsets)
+    originals = cache.update_conv_state, cache.update_recurrent_state
+    with _lock:
+        if _capture is not None:
+            raise RuntimeError("ssmk.transformers.checkpoints: another capture is active")
+        _capture = capture
+    cache.update_conv_state = lambda *a, **k: capture._update_conv_state(originals[0], *a, **k)
+    cache.update_recurrent_state = lambda *a, **k: capture._update_recurrent_state(originals[1], *a, **k)
+    try:
+        yield capture
+    finally:
+        del cache.update_conv_state, cache.update_recurrent_state
+        _capture = None
+    capture._conv_inputs.clear()
+    if capture._pending:
+        raise RuntimeError("ssmk.transformers.checkpoints: a recurrent kernel's state never reached the cache")
+
+
+def _checkpoint_tables(offsets, rows, first_slot):
+    """``[rows, C]`` int64 offsets and slots: row ``b``'s checkpoint ``c`` into slot
+    ``first_slot + c * rows + b``."""
+    c = len(offsets)
+    o = torch.tensor(offsets, dtype=torch.int64).expand(rows, c).contiguous()
+    s = first_slot + torch.arange(c, dtype=torch.int64) * rows + torch.arange(rows, dtype=torch.int64)[:, None]
+    return o, s
+
+
+def _uncapturable(what):
+    raise RuntimeError(f"ssmk.transformers.checkpoints: {what} fell back to transformers, whose kernels "
+                       "take no checkpoints")
+
+
 # ------------------------------------------------------------------ the replacements
 
 def _make_conv_fn(family, original):
     def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
         """ssmk ``causal_conv1d_fwd`` for transformers' stateless causal conv: ``[B, D, L] -> [B, D, L]``."""
+        capture = _capture
+        where = None if capture is None else capture._conv_call(hidden_states)
         if (
             _usable(hidden_states, weight, bias)
             and hidden_states.dim() == 3
@@ -319,15 +488,35 @@ def _make_conv_fn(family, original):
         ):
             B, D, L = hidden_states.shape
             qsl = _packed_bounds(kwargs, B, L, conv=True)
-            if qsl is not False:
+            if qsl is not False and (where is None or qsl is None):
                 _count(family, "causal_conv1d_fn", "ssmk")
                 x = hidden_states.transpose(1, 2).reshape(B * L, D)  # a view for channels-last input
                 out = torch.empty(B * L, D, dtype=hidden_states.dtype)
+                states = offsets = slots = None
+                if where is not None:
+                    # Checkpoints need a pool: slots 0..B-1 take the final states (unused: the
+                    # cache keeps its own), the checkpoints follow.
+                    (key, history), W = where, weight.shape[1]
+                    at = capture._offsets(L - history)
+                    states = torch.zeros(B * (1 + len(at)), W - 1, D, dtype=hidden_states.dtype)
+                    offsets, slots = _checkpoint_tables([history + o for o in at], B, B)
                 _run("ssmk_causal_conv1d_fwd", ssmk.lib.ssmk_causal_conv1d_fwd(
-                    _ctx(), _desc(x), _desc(weight), _desc(bias), None,
+                    _ctx(), _desc(x), _desc(weight), _desc(bias), _desc(states),
                     _desc(_cu(B, L) if qsl is None else qsl), None, None, _ACTIVATIONS[activation], -1,
-                    _desc(out), None, None))
+                    _desc(out), _desc(offsets), _desc(slots)))
+                if where is not None:
+                    # ssmk's rows (the last W-1 inputs) are the columns 1..W-1 of transformers'
+                    # [B, D, W] state.
+                    taken = torch.zeros(len(at), B, D, W, dtype=hidden_states.dtype)
+                    taken[..., 1:] = states[B:].view(len(at), B, W - 1, D).transpose(2, 3)
+                    # Column 0 (read by no conv, kept so that the state is transformers' own).
+                    for c, o in enumerate(at):
+                        if history + o >= W:
+                            taken[c, :, :, 0] = hidden_states[:, :, history + o - W]
+                    capture._conv[key] = taken
                 return out.view(B, L, D).transpose(1, 2)
+        if where is not None:
+            _uncapturable("causal_conv1d_fn")
         _count(family, "causal_conv1d_fn", "fallback")
         return original(hidden_states, weight, bias=bias, activation=activation, **kwargs)
 
@@ -400,29 +589,57 @@ def _delta_rule(query, key, value, g, beta, initial_state, output_final_state, u
     nseq = B if cu is None else cu.numel() - 1
     if initial_state is not None and (initial_state.shape != (nseq, HV, K, V) or initial_state.dtype not in _FLOATS):
         return None
+    capture = _capture
+    if capture is not None and (cu is not None or not output_final_state):
+        return None  # packed, or no cache to rewind: checkpoints cannot be placed
     T = B * L
     q, k = query.reshape(T, H, K), key.reshape(T, H, K)
     v = value.reshape(T, HV, V)
     gg = g.reshape(T, *g.shape[2:]).float()
     bb = beta.reshape(T, HV)
-    if initial_state is not None:
-        if output_final_state and initial_state.dtype == torch.float32:
-            state = initial_state  # the cache's tensor: final state written in place
-        else:
-            state = initial_state.to(torch.float32, copy=True)
-        init = _ones(nseq)
-    else:
-        state = torch.zeros(nseq, HV, K, V, dtype=torch.float32) if output_final_state else None
-        init = None
+    pool, state, tables = _state_pool(initial_state, output_final_state, capture, L, (nseq, HV, K, V))
+    init = None if initial_state is None else _ones(nseq)
     out = torch.empty(T, HV, V, dtype=query.dtype)
     flags = ssmk.GDN_QK_L2NORM if use_qk_l2norm_in_kernel else 0
     # transformers' references normalise with eps 1e-6 in prefill and decode alike, scale K**-0.5,
     # GQA in the grouped order (v-head hv uses k-head hv // (HV/H)).
     _run("ssmk_gated_delta_rule", ssmk.lib.ssmk_gated_delta_rule(
-        _ctx(), _desc(q), _desc(k), _desc(v), _desc(gg), _desc(bb), 0.0, _desc(state),
+        _ctx(), _desc(q), _desc(k), _desc(v), _desc(gg), _desc(bb), 0.0, _desc(pool),
         _desc(_cu(B, L) if cu is None else cu), None, _desc(init), None, flags, 1e-6, -1, _desc(out),
-        None, None))
+        *tables))
+    state = _took_checkpoints(capture, pool, state, initial_state)
     return out.view(B, L, HV, V), (state if output_final_state else None)
+
+
+def _state_pool(initial, want_final, capture, length, shape):
+    """The f32 state pool of a delta-rule or scan call over ``shape = (nseq, ...)`` states: the
+    cache's own tensor when the final state goes back there (f32, no capture: written in place),
+    else a new pool whose slots ``0..nseq-1`` hold the initial, then final states and, under a
+    capture, the checkpoints follow (sequence ``b``'s ``c``-th in slot ``nseq (1 + c) + b``).
+    Returns ``(pool or None, the final-state view, the two checkpoint-table descriptors)``."""
+    if initial is not None and want_final and initial.dtype == torch.float32 and capture is None:
+        return initial, initial, (None, None)
+    if not want_final and initial is None:
+        return None, None, (None, None)
+    nseq = shape[0]
+    at = [] if capture is None else capture._offsets(length)
+    pool = torch.zeros(nseq * (1 + len(at)), *shape[1:], dtype=torch.float32)
+    if initial is not None:
+        pool[:nseq].copy_(initial)
+    tables = _checkpoint_tables(at, nseq, nseq) if at else (None, None)
+    return pool, pool[:nseq], (_desc(tables[0]), _desc(tables[1]))
+
+
+def _took_checkpoints(capture, pool, state, initial):
+    """Hands a capture its checkpoints (``[C, nseq, ...]``) out of ``pool``; returns the final state,
+    copied into the cache's f32 ``initial`` when there is one (in place, as without a capture)."""
+    if capture is None:
+        return state
+    nseq = state.shape[0]
+    capture._pending.append(pool[nseq:].view(pool.shape[0] // nseq - 1, *state.shape))
+    if initial is not None and initial.dtype == torch.float32:
+        return initial.copy_(state)
+    return state
 
 
 def _make_delta_rule(family, name, original):
@@ -436,6 +653,8 @@ def _make_delta_rule(family, name, original):
             if r is not None:
                 _count(family, name, "ssmk")
                 return r
+            if _capture is not None:
+                _uncapturable(name)
             _count(family, name, "fallback")
             return original(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
                             output_final_state=output_final_state,
@@ -452,6 +671,8 @@ def _make_delta_rule(family, name, original):
             if r is not None:
                 _count(family, name, "ssmk")
                 return r
+            if _capture is not None:
+                _uncapturable(name)
             _count(family, name, "fallback")
             return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
                             output_final_state=output_final_state,
@@ -483,6 +704,8 @@ def _make_chunk_scan(family, original):
         if r is not None:
             _count(family, "mamba2_chunk_scan", "ssmk")
             return r
+        if _capture is not None:
+            _uncapturable("mamba2_chunk_scan")
         _count(family, "mamba2_chunk_scan", "fallback")
         return original(hidden_states, dt, A, B, C, chunk_size=chunk_size, D=D, dt_bias=dt_bias,
                         initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
@@ -514,23 +737,20 @@ def _chunk_scan(x, dt, A, B, C, D, dt_bias, initial_states, dt_softplus, dt_limi
     lo, hi = _limits(dt_limit)
     if not lo <= hi:
         return None
+    capture = _capture
+    if capture is not None and (cu is not None or not return_final_states):
+        return None  # packed, or no cache to rewind: checkpoints cannot be placed
     T = Bsz * L
-    if initial_states is not None:
-        if return_final_states and initial_states.dtype == torch.float32:
-            state = initial_states  # the cache's tensor: final state written in place
-        else:
-            state = initial_states.to(torch.float32, copy=True)
-        init = _ones(nseq)
-    else:
-        state = torch.zeros(nseq, NH, P, N, dtype=torch.float32) if return_final_states else None
-        init = None
+    pool, state, tables = _state_pool(initial_states, return_final_states, capture, L, (nseq, NH, P, N))
+    init = None if initial_states is None else _ones(nseq)
     out = torch.empty(T, NH, P, dtype=x.dtype)
     _run("ssmk_mamba2_scan", ssmk.lib.ssmk_mamba2_scan(
         _ctx(), _desc(x.reshape(T, NH, P)), _desc(dt.reshape(T, NH)), _desc(A.float()),
         _desc(B.reshape(T, G, N)), _desc(C.reshape(T, G, N)), _desc(_f32(D)),
         _desc(None if z is None else z.reshape(T, NH, P)), _desc(_f32(dt_bias)), lo, hi,
-        ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, _desc(state), _desc(_cu(Bsz, L) if cu is None else cu),
-        None, _desc(init), None, -1, _desc(out), None, None))
+        ssmk.MAMBA2_DT_SOFTPLUS if dt_softplus else 0, _desc(pool), _desc(_cu(Bsz, L) if cu is None else cu),
+        None, _desc(init), None, -1, _desc(out), *tables))
+    state = _took_checkpoints(capture, pool, state, initial_states)
     out = out.view(Bsz, L, NH, P)
     return (out, state) if return_final_states else out
 
@@ -662,6 +882,8 @@ def _make_selective_scan(family, original):
         if r is not None:
             _count(family, "mamba_selective_scan", "ssmk")
             return r
+        if _capture is not None:
+            _uncapturable("mamba_selective_scan")
         _count(family, "mamba_selective_scan", "fallback")
         return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
                         return_last_state=return_last_state, use_mambapy=use_mambapy,
@@ -683,9 +905,15 @@ def _selective_scan(u, dt, A, B, C, D, z, delta_bias, delta_softplus, return_las
         return None
     if any(t is not None and t.dtype not in _FLOATS for t in (u, dt, A, B, C, D, z, delta_bias)):
         return None
+    capture = _capture
+    if capture is not None and not return_last_state:
+        return None  # no cache to rewind
     # Token-major memory: the out_proj that follows reads the transposed result contiguous.
     out = torch.empty(Bsz, L, Dm, dtype=u.dtype)
-    state = torch.empty(Bsz, Dm, N, dtype=torch.float32) if return_last_state else None
+    # pool[0]: the final states; under a capture pool[1 + c] the checkpoints at offset c.
+    at = [] if capture is None else capture._offsets(L)
+    pool = torch.empty(1 + len(at), Bsz, Dm, N, dtype=torch.float32) if return_last_state else None
+    offsets, slots = _checkpoint_tables(at, 1, 1) if at else (None, None)
     ctx, cu = _ctx(), _desc(_cu(1, L))
     a, d, bias = _desc(A.float()), _desc(_f32(D)), _desc(_f32(delta_bias))
     flags = ssmk.MAMBA2_DT_SOFTPLUS if delta_softplus else 0
@@ -695,9 +923,12 @@ def _selective_scan(u, dt, A, B, C, D, z, delta_bias, delta_softplus, return_las
         _run("ssmk_mamba2_scan", ssmk.lib.ssmk_mamba2_scan(
             ctx, _unit_p(u, b), _view(dt, (L, Dm), (dt.stride(2), dt.stride(1)), b * dt.stride(0)), a,
             _one_group(B, b), _one_group(C, b), d, None if z is None else _unit_p(z, b), bias, *_UNLIMITED, flags,
-            None if state is None else _view(state, (1, Dm, 1, N), (Dm * N, N, N, 1), b * Dm * N), cu, None, None,
-            None, -1, _view(out, (L, Dm, 1), (Dm, 1, 1), b * L * Dm), None, None))
+            None if pool is None else _view(pool, (1 + len(at), Dm, 1, N), (Bsz * Dm * N, N, N, 1), b * Dm * N),
+            cu, None, None, None, -1, _view(out, (L, Dm, 1), (Dm, 1, 1), b * L * Dm), _desc(offsets), _desc(slots)))
     out = out.transpose(1, 2)
+    state = None if pool is None else pool[0]
+    if capture is not None:
+        capture._pending.append(pool[1:])
     return (out, state) if return_last_state else out
 
 

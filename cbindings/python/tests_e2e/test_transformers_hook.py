@@ -25,7 +25,18 @@ batch 2:
     prompt), every state of the cache (conv and recurrent states, attention keys/values) is copied
     slot 0 -> slot 1 with one ``ssmk.batch_memcpy``, then two different 6-token suffixes and 2
     decode steps continue in the two slots; the result must equal cold prefills of
-    prefix + suffix.
+    prefix + suffix;
+(e) a prefix-cache hit inside a prefill (ssmk's state checkpoints, ABI.md 4.10): the 80 tokens
+    of (a) are prefilled once under ``ssmk.transformers.checkpoints(cache, every=16)``, so every
+    routed kernel also stores its state after tokens 16, 32, ..., 80 (into spare slots); two
+    64-token prompts sharing the first 37 and 53 tokens of it (neither the end of any call)
+    continue from copies of that cache rewound (``Checkpoints.rewind``) to the checkpoints at 32
+    and 48 -- conv and recurrent states from the checkpoints, attention keys/values cut to that
+    length -- with a prefill of all but two tokens and two decode steps (Mamba-1: decode steps
+    only, see below). Compared with cold prefills of the prompts (``e~cold``), and with the
+    unhooked run, which starts each continuation from a cache prefilled with the prompt's own
+    first 32 / 48 tokens (``e``), and so are the states each continuation started from
+    (``e.state*``: the checkpoints against states of calls that ended there).
 
 Compared: the logits (GLM-5-Next: the text model's last hidden state, it has no LM head) of the hooked
 run with those of the same scenario without the hook, and of (b), (c), (d) also with the unhooked
@@ -33,7 +44,8 @@ full prefill of the same tokens; in (c) also the final conv and recurrent cache 
 they are the same tensors (same storage) as after the prefill, i.e. updated in place. Every run
 asserts that each replaced function was called and went to ssmk (no fallback), so no comparison
 passes vacuously, and a sensitivity check proves the logits react to the states: dropping the carried
-states between the chunks of (b) moves them by more than 100x the f32 tolerance.
+states between the chunks of (b) moves them by more than 100x the f32 tolerance, and so does
+zeroing the states restored from the checkpoints in (e) (measured 0.12-1.3).
 
 Mamba-1 families (``RESTARTS_STATE``): transformers 5.24's selective scan takes no initial state,
 so a multi-token continuation of a cached prefill restarts the SSM state from zero, with or without
@@ -49,7 +61,10 @@ Tolerances (an error is ``max |got - want| / max |want|``, relative to the large
   order (fused loops, a chunked WY / SSD form where the reference loops per token or chunks
   differently), so the two differ by accumulated f32 rounding: measured <= 1e-6 over all families
   and scenarios (``--report``; LFM2's conv is bit-identical), 10x below the tolerance (Jamba
-  1.2e-6, Zamba 3.5e-6: their larger weights, below, amplify rounding), while the
+  1.2e-6, Zamba 3.5e-6: their larger weights, below, amplify rounding). A checkpoint is the state
+  of a call ending there up to the same f32 rounding (ABI.md 4.10: within the two-calls-equal-one
+  tolerance; conv states bit for bit), so (e) needs no tolerance of its own: measured <= 7e-7
+  (e~cold) and <= 9e-7 (its states), Jamba 2.8e-6 and Zamba 5.6e-6, while the
   kind of defect this guards against (a lost or misplaced state) moves the logits by 0.09-0.99
   (the sensitivity check; the Mamba-1 models 0.007-0.29), 10^3-10^5 times the tolerance.
 * bfloat16: the model in bf16, compared with the f32 computation of the same bf16-rounded weights.
@@ -57,8 +72,9 @@ Tolerances (an error is ``max |got - want| / max |want|``, relative to the large
   of the whole model, 2e-3 to 8e-2 here), the hooked bf16 run must satisfy
   ``|hooked - f32| <= 2 e_ref + 1e-3`` (ssmk's bf16 path is at most twice as far from the f32
   result as transformers' own bf16 path) and ``|hooked - unhooked| <= 3 e_ref + 1e-3`` (what the
-  first bound and the triangle inequality allow). Measured: at most 1.22 e_ref and 1.93 e_ref
-  (Falcon-Mamba's (d)).
+  first bound and the triangle inequality allow). Measured: at most 1.61 e_ref (Falcon-Mamba's
+  (e) against the cold prefill; 1.22 without (e)) and 1.93 e_ref (Falcon-Mamba's (d); Jamba's
+  (e) 1.90).
   Both runs round activations to bf16 at every layer boundary, so they differ by bf16 noise, not
   by f32 rounding; 1e-3 (a quarter of bf16's unit roundoff 2^-8) covers families whose bf16
   noise would be tiny. bf16 is only meaningful without discrete decisions: tiny random models
@@ -75,6 +91,7 @@ same tokens (by 0.12 from position 28 on with top-k 16, with or without ssmk), w
 the comparisons (b)-(d) against (a).
 """
 
+import copy
 import os
 import sys
 import time
@@ -114,6 +131,7 @@ BATCH, LENGTH = 2, 80
 CHUNKS = (37, 24, 19)
 PREFILL, DECODE = 72, 8
 PREFIX, SUFFIX, SUFFIX_DECODE = 40, 6, 2
+CHECKPOINT_EVERY, SHARED, PROMPT_B = 16, (37, 53), 64
 
 
 # ------------------------------------------------------------------ tiny configs (no downloads)
@@ -370,7 +388,43 @@ class Runner:
             outs.append(self.forward(suffixes[:, t:t + 1], cache, P + t))
         return torch.cat(outs, 1)
 
-    def all(self, ids, prefix_ids):
+    def checkpoint_hit(self, a, shared, drop_states=False):
+        """(e): hooked, ``a`` is prefilled once with checkpoints at every 16th token and each prompt
+        of ``shared`` (sharing ``a``'s first k tokens) continues from a copy of that cache rewound
+        to the checkpoint at ``16 * (k // 16)``; unhooked (the reference), from a cold prefill of
+        its own first ``16 * (k // 16)`` tokens. Returns the continuations' outputs and the
+        linear-attention states each continuation started from (zeroed with ``drop_states``)."""
+        hooked = self.family in st.enabled_families()
+        if hooked:
+            prefilled = self.cache()
+            with st.checkpoints(prefilled, every=CHECKPOINT_EVERY) as ckpt:
+                self.forward(a, prefilled)
+            assert ckpt.offsets == list(range(CHECKPOINT_EVERY, a.shape[1] + 1, CHECKPOINT_EVERY)), ckpt.offsets
+        outs, states = [], []
+        for k, b in zip(SHARED, shared):
+            start = k // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+            if hooked:
+                cache = ckpt.rewind(copy.deepcopy(prefilled), start)
+            else:
+                cache = self.cache()
+                self.forward(b[:, :start], cache)
+            states += [t.float().clone() for t in linear_states(cache)]
+            if drop_states:
+                for t in linear_states(cache):
+                    t.zero_()
+            outs.append(self.continue_from(b, cache, start))
+        return torch.cat(outs, 1), states
+
+    def continue_from(self, ids, cache, start):
+        """``ids[:, start:]`` on a cache holding ``ids[:, :start]``: a prefill of all but the last
+        two tokens, then two decode steps (Mamba-1: decode steps only, see RESTARTS_STATE)."""
+        stop = start if self.family in RESTARTS_STATE else ids.shape[1] - 2
+        outs = [self.forward(ids[:, start:stop], cache, start)] if stop > start else []
+        for t in range(stop, ids.shape[1]):
+            outs.append(self.forward(ids[:, t:t + 1], cache, t))
+        return torch.cat(outs, 1)
+
+    def all(self, ids, prefix_ids, shared):
         """Every scenario's output for this model (hooked or not, as the caller set up)."""
         with torch.inference_mode():
             prefix, stale, suffixes = prefix_ids
@@ -380,6 +434,9 @@ class Runner:
                 "c": self.decode(ids),
                 "d": self.prefix_hit(prefix, stale, suffixes),
                 "d_cold": self.full(torch.cat([prefix.expand(2, -1), suffixes], 1))[:, PREFIX:],
+                "e": self.checkpoint_hit(ids, shared),
+                "e_cold": torch.cat([self.full(b)[:, k // CHECKPOINT_EVERY * CHECKPOINT_EVERY:]
+                                     for k, b in zip(SHARED, shared)], 1),
             }
 
 
@@ -424,7 +481,9 @@ def inputs(seed=1):
     prefix = torch.randint(3, 128, (1, PREFIX), generator=g)
     stale = torch.randint(3, 128, (1, PREFIX), generator=g)
     suffixes = torch.randint(3, 128, (2, SUFFIX + SUFFIX_DECODE), generator=g)
-    return ids, (prefix, stale, suffixes)
+    g = torch.Generator().manual_seed(seed + 1)
+    shared = [torch.cat([ids[:, :k], torch.randint(3, 128, (BATCH, PROMPT_B - k), generator=g)], 1) for k in SHARED]
+    return ids, (prefix, stale, suffixes), shared
 
 
 def err(got, want):
@@ -435,6 +494,7 @@ def comparisons(hook, ref, family):
     """name -> (hooked output, reference output) for one family, all scenarios."""
     c_hook, states_hook, inplace = hook["c"]
     c_ref, states_ref, _ = ref["c"]
+    (e_hook, e_states_hook), (e_ref, e_states_ref) = hook["e"], ref["e"]
     out = {
         "a": (hook["a"], ref["a"]),
         "b": (hook["b"], ref["b"]),
@@ -443,11 +503,16 @@ def comparisons(hook, ref, family):
         "c~a": (c_hook, ref["a"]),
         "d": (hook["d"], ref["d"]),
         "d~cold": (hook["d"], ref["d_cold"]),
+        "e": (e_hook, e_ref),
+        "e~cold": (e_hook, ref["e_cold"]),
     }
     if family in RESTARTS_STATE:
         del out["b~a"], out["d~cold"]
     for i, (h, r) in enumerate(zip(states_hook, states_ref)):
         out[f"c.state{i}"] = (h, r)
+    assert len(e_states_hook) == len(e_states_ref) > 0
+    for i, (h, r) in enumerate(zip(e_states_hook, e_states_ref)):
+        out[f"e.state{i}"] = (h, r)
     return out, inplace
 
 
@@ -455,12 +520,11 @@ def run_family(family, dtype=torch.float32, smooth=False):
     """(reference outputs, hooked outputs, ssmk call counts) for one family."""
     model = build(family, dtype, smooth)
     runner = Runner(family, model)
-    ids, prefix_ids = inputs()
-    ref = runner.all(ids, prefix_ids)
+    ref = runner.all(*inputs())
     st.reset_call_counts()
     with st.enabled([family]) as routed:
         assert routed == [family], routed
-        hook = runner.all(ids, prefix_ids)
+        hook = runner.all(*inputs())
     return ref, hook, st.call_counts(), runner
 
 
@@ -497,7 +561,7 @@ class HookTest(unittest.TestCase):
         for name, (got, want) in pairs.items():
             self.assertLessEqual(err(got, want), F32_TOL, f"{family} f32 {name}")
         # The comparisons have teeth: losing the carried state is far outside the tolerance.
-        ids, _ = inputs()
+        ids = inputs()[0]
         with torch.inference_mode():
             dropped = runner.chunked(ids, drop_states=True)
         self.assertGreater(err(dropped, ref["b"]), SENSITIVITY * F32_TOL, f"{family}: logits ignore the state")
@@ -506,6 +570,11 @@ class HookTest(unittest.TestCase):
                 dropped = runner.decode(ids, drop_recurrent=True)[0]
             self.assertGreater(err(dropped, ref["c"][0]), SENSITIVITY * F32_TOL,
                                f"{family}: decode ignores the recurrent state")
+        # (e) too: the continuations depend on the states restored from the checkpoints.
+        with torch.inference_mode(), st.enabled([family]):
+            dropped = runner.checkpoint_hit(ids, inputs()[2], drop_states=True)[0]
+        self.assertGreater(err(dropped, ref["e_cold"]), SENSITIVITY * F32_TOL,
+                           f"{family}: the continuation ignores the checkpointed states")
 
     def check_bf16(self, family):
         ref, hook, counts, runner = run_family(family, torch.bfloat16, smooth=True)
@@ -763,6 +832,42 @@ class ControlTest(unittest.TestCase):
             self.assertEqual({k[2] for k in st.call_counts()}, {"ssmk"}, family)
             self.assertTrue(torch.equal(got, want), family)
 
+    def test_checkpoints_api(self):
+        """Explicit offsets (one inside a 16-token chunk, one at the end), rewinding to each, and
+        the errors: no such checkpoint, nothing captured, a fallback under a capture, nesting."""
+        runner = Runner("qwen3_5", build("qwen3_5"))
+        ids, _, shared = inputs()
+        st.enable(["qwen3_5"])
+        with torch.inference_mode():
+            cache = runner.cache()
+            with st.checkpoints(cache, offsets=[80, 5, 37]) as ckpt:
+                with self.assertRaisesRegex(RuntimeError, "another capture"):
+                    with st.checkpoints(runner.cache(), every=16):
+                        pass
+                with self.assertRaisesRegex(RuntimeError, "nothing was captured"):
+                    ckpt.rewind(cache, 37)
+                runner.forward(ids, cache)
+            self.assertEqual(ckpt.offsets, [5, 37, 80])
+            self.assertFalse("update_conv_state" in vars(cache) or "update_recurrent_state" in vars(cache))
+            b = shared[0]  # shares 37 tokens
+            for start in (5, 37):
+                got = runner.continue_from(b, ckpt.rewind(copy.deepcopy(cache), start), start)
+                self.assertLessEqual(err(got, runner.full(b)[:, start:]), F32_TOL, start)
+            with self.assertRaisesRegex(ValueError, "no checkpoint at 36"):
+                ckpt.rewind(cache, 36)
+            cache = runner.cache()
+            with self.assertRaisesRegex(ValueError, "outside"):
+                with st.checkpoints(cache, offsets=[81]):
+                    runner.forward(ids, cache)
+        with self.assertRaisesRegex(ValueError, "one of every= and offsets="):
+            with st.checkpoints(cache):
+                pass
+        # Autograd: the kernels would fall back to transformers, which take no checkpoints.
+        cache = runner.cache()
+        with self.assertRaisesRegex(RuntimeError, "fell back to transformers"):
+            with st.checkpoints(cache, every=16):
+                runner.forward(ids, cache)
+
     def test_threads_follow_torch(self):
         model = build("qwen3_5")
         ids = torch.randint(3, 128, (2, 40))
@@ -796,10 +901,14 @@ def report():
             dropped = err(runner.chunked(inputs()[0], drop_states=True), ref["b"])
             if family in RESTARTS_STATE:
                 dropped = min(dropped, err(runner.decode(inputs()[0], drop_recurrent=True)[0], ref["c"][0]))
+            with st.enabled([family]):
+                e_dropped = err(runner.checkpoint_hit(inputs()[0], inputs()[2], drop_states=True)[0], ref["e_cold"])
         worst = max(errs, key=errs.get)
         cold = f"{errs['d~cold']:.1e}" if "d~cold" in errs else "n/a"
+        e_states = max(v for k, v in errs.items() if k.startswith("e.state"))
         print(f"  {family:17s} max {errs[worst]:.1e} ({worst}); a {errs['a']:.1e} b {errs['b']:.1e} "
-              f"c {errs['c']:.1e} d {errs['d']:.1e} d~cold {cold}; sensitivity {dropped:.1e}; "
+              f"c {errs['c']:.1e} d {errs['d']:.1e} d~cold {cold} e {errs['e']:.1e} e~cold {errs['e~cold']:.1e} "
+              f"e.states {e_states:.1e}; sensitivity {dropped:.1e}, e {e_dropped:.1e}; "
               f"in place {inplace}; {time.time() - t0:.1f}s")
     print("bf16 (smooth configs): e_ref = err(torch bf16 vs f32); hook/ref = err(hooked vs unhooked) / e_ref; "
           "hook/f32 = err(hooked vs f32) / e_ref (worst scenario)")

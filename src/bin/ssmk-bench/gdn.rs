@@ -350,7 +350,6 @@ pub fn run(cfg: &Config, report: &mut Report) {
     prefill(cfg, report, GDN, &[long], DType::BF16);
     prefill(cfg, report, GDN, &[short; 4], DType::BF16);
     prefill(cfg, report, GDN, &[long], DType::F32);
-    prefill_checkpoints(cfg, report, GDN, long);
     decode(cfg, report, GDN, cfg.pick(64, 8));
     decode(cfg, report, GDN, 1);
     prefill(cfg, report, KDA, &[long], DType::BF16);
@@ -363,9 +362,15 @@ pub fn run(cfg: &Config, report: &mut Report) {
         &[long],
         DType::BF16,
     );
-    prefill_checkpoints(cfg, report, KDA, long);
     decode(cfg, report, KDA, cfg.pick(64, 8));
     decode(cfg, report, KDA, 1);
     layer_steps(cfg, report, GDN);
     layer_steps(cfg, report, KDA);
+}
+
+/// The delta rule's checkpoint rows (Gated DeltaNet, KDA): the `checkpoints` suite.
+pub fn checkpoints(cfg: &Config, report: &mut Report) {
+    let long = cfg.pick(2048, 128);
+    prefill_checkpoints(cfg, report, GDN, long);
+    prefill_checkpoints(cfg, report, KDA, long);
 }

@@ -183,6 +183,61 @@ pub fn time_beside_peak_and(
     (t, peak, median(peer_times))
 }
 
+/// An A/B comparison: medians of each side and of the per-pair time ratios `a / b`, with the
+/// ratios' quartiles (their spread on this run).
+pub struct AbTiming {
+    pub a: f64,
+    pub b: f64,
+    pub ratio: f64,
+    pub ratio_quartiles: (f64, f64),
+    pub pairs: usize,
+}
+
+/// Times `a` against `b` in interleaved pairs, in ABBA order (each side runs first as often as
+/// second, so neither inherits the other's caches or frequency state more often), each side's
+/// sample long enough to time (`reps` calls). Built for small cost differences on a shared
+/// machine: load drifts between pairs cancel in the per-pair ratio.
+pub fn time_ab(cfg: &Config, mut a: impl FnMut(), mut b: impl FnMut()) -> AbTiming {
+    let (samples, min_sample) = cfg.samples();
+    let pairs = 2 * samples + 1;
+    a(); // warm up: page faults, pool start-up, caches
+    b();
+    let start = Instant::now();
+    a();
+    let once = start.elapsed().max(Duration::from_nanos(50));
+    let reps = (min_sample.as_secs_f64() / once.as_secs_f64())
+        .ceil()
+        .max(1.0) as usize;
+    let timed = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        t.elapsed().as_secs_f64() / reps as f64
+    };
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for i in 0..pairs {
+        let (x, y) = match i % 2 {
+            0 => (timed(&mut a), timed(&mut b)),
+            _ => {
+                let y = timed(&mut b);
+                (timed(&mut a), y)
+            }
+        };
+        ta.push(x);
+        tb.push(y);
+    }
+    let mut ratios: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| x / y).collect();
+    ratios.sort_by(f64::total_cmp);
+    AbTiming {
+        a: median(ta),
+        b: median(tb),
+        ratio: ratios[pairs / 2],
+        ratio_quartiles: (ratios[pairs / 4], ratios[3 * pairs / 4]),
+        pairs,
+    }
+}
+
 /// One timing of the FMA loop (a few ms), as GFLOP/s.
 fn fma_peak_once() -> f64 {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

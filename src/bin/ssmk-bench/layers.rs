@@ -8,7 +8,7 @@ use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
-use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_beside_peak_and, time_slow};
+use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_ab, time_slow};
 use crate::simulate;
 
 /// The layers' causal conv width.
@@ -218,9 +218,10 @@ pub fn checkpoint_tables(len: usize, first_slot: usize) -> (Buf, Buf, usize) {
     (offsets, slots, n)
 }
 
-/// Rows of a prefill with checkpoints at every [`CHECKPOINT_EVERY`]th token (`with`), each timed
-/// beside the same prefill without them (`without`): the note gives the cost ratio with/without,
-/// and the row's baseline is the call without checkpoints.
+/// Rows of a prefill with checkpoints at every [`CHECKPOINT_EVERY`]th token (`with`), timed in
+/// interleaved pairs with the same prefill without them (`without`, [`time_ab`]): the note gives
+/// the median ratio with/without and its quartiles, and the row's baseline is the call without
+/// checkpoints.
 #[allow(clippy::too_many_arguments)]
 pub fn checkpoint_rows(
     cfg: &Config,
@@ -234,7 +235,8 @@ pub fn checkpoint_rows(
 ) {
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let (t, _, t_without) = time_beside_peak_and(cfg, || with(&ctx), || without(&ctx));
+        let ab = time_ab(cfg, || with(&ctx), || without(&ctx));
+        let (t, t_without) = (ab.a, ab.b);
         let row = Row::new(
             op,
             shape.clone(),
@@ -243,8 +245,9 @@ pub fn checkpoint_rows(
             t,
             work,
             format!(
-                "checkpoints at every {CHECKPOINT_EVERY}th token; time with/without {:.3}",
-                t / t_without
+                "checkpoints at every {CHECKPOINT_EVERY}th token; time with/without {:.3} \
+                 (median of {} interleaved pairs, quartiles {:.3}-{:.3})",
+                ab.ratio, ab.pairs, ab.ratio_quartiles.0, ab.ratio_quartiles.1
             ),
         );
         let (rate, _) = Row::new(

@@ -27,7 +27,7 @@ type Suite = fn(&Config, &mut Report);
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2|scan_families] [--simulate-threads P[,P..]]"
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2|scan_families|checkpoints] [--simulate-threads P[,P..]]"
     );
     std::process::exit(2)
 }
@@ -100,18 +100,20 @@ fn main() {
     } else {
         harness::print_header();
     }
-    let suites: [(&str, Suite); 6] = [
+    let suites: [(&str, Suite); 7] = [
         ("memory", memory::run),
         ("conv", conv::run),
         ("short_conv", short_conv::run),
         ("gdn", gdn::run),
         ("mamba2", mamba2::run),
         ("scan_families", scan_families::run),
+        ("checkpoints", checkpoints),
     ];
     for (name, run) in suites {
         let wanted = only.as_deref().is_none_or(|o| o == name);
-        // Batch copies and block zeroing are neither prefill nor decode: nothing to simulate.
-        if wanted && !(cfg.simulating() && name == "memory") {
+        // Batch copies and block zeroing are neither prefill nor decode, and the checkpoint
+        // rows are A/B timings of prefills the other suites simulate: nothing to simulate.
+        if wanted && !(cfg.simulating() && matches!(name, "memory" | "checkpoints")) {
             run(&cfg, &mut report);
         }
     }
@@ -120,4 +122,18 @@ fn main() {
             .unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
         println!("# wrote {path}");
     }
+}
+
+/// The cost of state checkpoints (ABI.md §4.10) in each prefill export that has a row for it:
+/// one suite, so that the rows can be repeated on their own (`--only checkpoints`).
+fn checkpoints(cfg: &Config, report: &mut Report) {
+    conv::fwd_checkpoints(
+        cfg,
+        report,
+        ssmk::dtype::DType::BF16,
+        cfg.pick(2048, 256),
+        cfg.pick(8192, 2048),
+    );
+    gdn::checkpoints(cfg, report);
+    mamba2::prefill_checkpoints(cfg, report, cfg.pick(2048, 128));
 }

@@ -219,7 +219,7 @@ impl layers::LayerStep for LayerStep {
 
 /// The prefill of one `len`-token sequence storing its state at every 128th token (vLLM's CPU
 /// block size), timed beside the same prefill without checkpoints.
-fn prefill_checkpoints(cfg: &Config, report: &mut Report, len: usize) {
+pub fn prefill_checkpoints(cfg: &Config, report: &mut Report, len: usize) {
     let plain = Scan::new(&[len], DType::BF16, false);
     let with = Scan::new(&[len], DType::BF16, false).with_checkpoints();
     layers::checkpoint_rows(
@@ -244,7 +244,6 @@ pub fn run(cfg: &Config, report: &mut Report) {
         return;
     }
     prefill(cfg, report, &[long]);
-    prefill_checkpoints(cfg, report, long);
     prefill(cfg, report, &[short; 4]);
     decode(cfg, report, cfg.pick(64, 8));
     decode(cfg, report, 1);

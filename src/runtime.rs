@@ -2,10 +2,10 @@
 //! context that owns a private, lazily built thread pool (never rayon's global pool).
 
 use std::cell::Cell;
-use std::sync::{Mutex, OnceLock};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
-
-use rayon::prelude::*;
 
 /// Instruction-set levels, ordered: a kernel table picks the best entry `<=` the active level.
 /// Levels of different architectures never meet on one CPU (a level above the detected one is
@@ -270,11 +270,12 @@ impl Context {
         self.threads
     }
 
+    /// The helpers: one thread fewer than the context's, the calling thread being the other.
     fn pool(&self) -> Option<&rayon::ThreadPool> {
         self.pool
             .get_or_init(|| {
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(self.threads)
+                    .num_threads(self.threads - 1)
                     .thread_name(|i| format!("ssmk-{i}"))
                     .build()
                     .ok()
@@ -292,8 +293,14 @@ impl Context {
     }
 
     /// Runs `task(i)` for every `i in 0..n`. With one thread (or one task) it runs in order on the
-    /// caller's thread and starts nothing; otherwise tasks are spread over the private pool. If
-    /// the pool cannot be built the tasks run inline: results never depend on where a task ran.
+    /// caller's thread and starts nothing. Otherwise the calling thread and up to `threads - 1`
+    /// helpers from the private pool claim the tasks in index order from a shared counter, each
+    /// taking the next as it finishes one. The caller starts at once and never waits for a helper
+    /// to wake: a helper that comes late (its core busy with another runtime's threads, e.g.
+    /// torch's OpenMP workers spinning after a GEMM) finds the tasks taken and leaves, and the
+    /// call costs what one thread would. The caller waits only for tasks a helper has claimed.
+    /// If the pool cannot be built the tasks run inline: results never depend on where a task
+    /// ran. A panic in a task is re-raised on the calling thread once no helper runs a task.
     pub fn for_each(&self, n: usize, task: impl Fn(usize) + Send + Sync) {
         if let Some(recorder) = &self.recorder {
             let task_seconds = (0..n)
@@ -307,16 +314,86 @@ impl Context {
             passes.push(Pass { task_seconds });
             return;
         }
-        if self.threads <= 1 || n <= 1 {
+        let pool = match self.threads > 1 && n > 1 {
+            true => self.pool(),
+            false => None,
+        };
+        let Some(pool) = pool else {
             (0..n).for_each(task);
             return;
+        };
+        let claims = Arc::new(Claims {
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+        });
+        let job: &(dyn Fn(usize) + Sync) = &task;
+        // SAFETY (lifetime): a helper calls `job` only while it is counted in `claims.active`,
+        // and only after reading `closed` false; this function sets `closed` and then waits for
+        // `active` to reach zero before it returns (or unwinds), so `task` outlives every call.
+        let job = SharedJob(unsafe {
+            std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(job)
+        });
+        for _ in 0..(self.threads - 1).min(n - 1) {
+            let (claims, job) = (Arc::clone(&claims), job);
+            pool.spawn(move || {
+                claims.active.fetch_add(1, Ordering::SeqCst);
+                if !claims.closed.load(Ordering::SeqCst) {
+                    let job = job;
+                    if catch_unwind(AssertUnwindSafe(|| claims.run(job.0, n))).is_err() {
+                        claims.panicked.store(true, Ordering::SeqCst);
+                    }
+                }
+                claims.active.fetch_sub(1, Ordering::SeqCst);
+            });
         }
-        match self.pool() {
-            Some(pool) => pool.install(|| (0..n).into_par_iter().for_each(&task)),
-            None => (0..n).for_each(task),
+        let mine = catch_unwind(AssertUnwindSafe(|| claims.run(&task, n)));
+        claims.closed.store(true, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while claims.active.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            match spins < 1 << 10 {
+                true => std::hint::spin_loop(),
+                false => std::thread::yield_now(),
+            }
+        }
+        if let Err(payload) = mine {
+            resume_unwind(payload);
+        }
+        if claims.panicked.load(Ordering::SeqCst) {
+            resume_unwind(Box::new("a task panicked on a pool thread"));
         }
     }
 }
+
+/// The shared state of one [`Context::for_each`] pass.
+struct Claims {
+    /// The next unclaimed task.
+    next: AtomicUsize,
+    /// Helpers inside the pass (that may call the task).
+    active: AtomicUsize,
+    /// Set by the caller once it has run out of tasks: a helper arriving later leaves.
+    closed: AtomicBool,
+    panicked: AtomicBool,
+}
+
+impl Claims {
+    /// Runs tasks claimed in index order until none is left.
+    fn run(&self, task: &(dyn Fn(usize) + Sync), n: usize) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                return;
+            }
+            task(i);
+        }
+    }
+}
+
+/// The task of a pass, handed to the helpers (see the lifetime argument in `for_each`).
+#[derive(Clone, Copy)]
+struct SharedJob(&'static (dyn Fn(usize) + Sync));
 
 /// A raw pointer that tasks may share; the kernel that creates one proves the tasks touch
 /// disjoint memory.
@@ -358,17 +435,63 @@ mod tests {
     #[test]
     fn pool_is_private_and_runs_every_task() {
         let ctx = Context::new(3);
+        let caller = std::thread::current().id();
         let hits = AtomicUsize::new(0);
         ctx.for_each(100, |_| {
-            assert!(
-                std::thread::current()
-                    .name()
-                    .unwrap_or("")
-                    .starts_with("ssmk-")
-            );
+            let on_pool = std::thread::current()
+                .name()
+                .unwrap_or("")
+                .starts_with("ssmk-");
+            assert!(on_pool || std::thread::current().id() == caller);
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 100);
+        assert_eq!(ctx.pool().map(|p| p.current_num_threads()), Some(2));
+    }
+
+    #[test]
+    fn caller_does_not_wait_for_a_busy_helper() {
+        let ctx = Context::new(2);
+        let pool = ctx.pool().expect("a pool");
+        // The only helper is held until the pass is over: the caller must run every task.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started, wait_started) = std::sync::mpsc::channel::<()>();
+        pool.spawn(move || {
+            started.send(()).unwrap();
+            held.recv().unwrap();
+        });
+        wait_started.recv().unwrap();
+        let caller = std::thread::current().id();
+        let on_caller = AtomicUsize::new(0);
+        ctx.for_each(50, |_| {
+            if std::thread::current().id() == caller {
+                on_caller.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        assert_eq!(on_caller.load(Ordering::Relaxed), 50);
+        release.send(()).unwrap();
+        // The helper's late arrival finds the pass closed; a new pass still works.
+        let hits = AtomicUsize::new(0);
+        ctx.for_each(50, |_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 50);
+    }
+
+    #[test]
+    fn a_task_panic_reaches_the_caller() {
+        let ctx = Context::new(2);
+        for bad in [0, 37] {
+            let ran = AtomicUsize::new(0);
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                ctx.for_each(64, |i| {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                    assert!(i != bad, "task {i}");
+                })
+            }));
+            assert!(result.is_err(), "the panic of task {bad} was lost");
+        }
     }
 
     #[test]
@@ -378,6 +501,8 @@ mod tests {
         let on_caller = |bytes: usize| {
             let hits = AtomicUsize::new(0);
             ctx.for_each_moving(8, bytes, |_| {
+                // Long enough for the helper to wake and take some.
+                std::thread::sleep(std::time::Duration::from_millis(2));
                 if std::thread::current().id() == caller {
                     hits.fetch_add(1, Ordering::Relaxed);
                 }

@@ -371,8 +371,8 @@ pub struct Report {
     pub fma_peak_gflops: f64,
     /// `--simulate-threads` rows, as JSON objects.
     pub simulations: Vec<String>,
-    /// The real pool's fork-join cost the simulation charges per pass.
-    pub fork_join_seconds: f64,
+    /// What the simulation charges a pass per helper it wakes.
+    pub hand_off_seconds: f64,
 }
 
 impl Report {

@@ -70,7 +70,7 @@ fn main() {
         memcpy: harness::Memcpy::new(cfg.pick(256 << 20, 16 << 20)),
         fma_peak_gflops: harness::fma_peak_gflops(&cfg),
         simulations: Vec::new(),
-        fork_join_seconds: 0.0,
+        hand_off_seconds: 0.0,
     };
     report.fact(
         "ssmk",
@@ -87,10 +87,10 @@ fn main() {
         format!("{:.1}", report.fma_peak_gflops),
     );
     if cfg.simulating() {
-        report.fork_join_seconds = simulate::fork_join_seconds(&cfg);
+        report.hand_off_seconds = simulate::hand_off_seconds(&cfg);
         report.fact(
-            "fork_join_us_2t",
-            format!("{:.2}", report.fork_join_seconds * 1e6),
+            "hand_off_us",
+            format!("{:.2}", report.hand_off_seconds * 1e6),
         );
         println!(
             "# simulated workers {:?}: predicted speed-up over 1 thread (and per worker), tasks, \

@@ -3,14 +3,16 @@
 //! P threads would but runs every task in turn on one thread and times it; the tasks are then
 //! replayed on P simulated workers with the pool's policy: each pass (one `for_each`) hands out
 //! its tasks in index order to whichever worker is free first and ends when its last task does
-//! (the next pass waits for it, as the kernels' passes do), and every pass of more than one task
-//! pays the fork-join cost of the real pool, measured in this run. Work the call does outside its
-//! passes (validation, planning, calls small enough to stay on the calling thread) is serial.
+//! (the next pass waits for it, as the kernels' passes do; the calling thread is one of the
+//! workers), and every pass of more than one task pays, per helper woken, the cost of handing a
+//! pass to one helper, measured in this run. Work the call does outside its passes (validation,
+//! planning, calls small enough to stay on the calling thread) is serial.
 //!
 //! What the replay ignores: shared caches and memory bandwidth (a task takes as long on a busy
 //! socket as alone on this one; the row prints the bandwidth the predicted speed would need, so
-//! a reader sees where memory binds first), NUMA, frequency changes with load, and the growth of
-//! the fork-join cost with P (the 2-thread cost is charged at every P).
+//! a reader sees where memory binds first), NUMA, frequency changes with load, and helpers that
+//! wake late (the caller takes their tasks in the real pool; the replay assumes all start at
+//! once).
 
 use std::time::Instant;
 
@@ -94,8 +96,9 @@ impl Recording {
                 .sum::<f64>()
     }
 
-    /// Predicted time on `workers` workers, each multi-task pass paying `fork_join`.
-    fn replay(&self, workers: usize, fork_join: f64) -> f64 {
+    /// Predicted time on `workers` workers (the caller and `workers - 1` helpers), each
+    /// multi-task pass paying `hand_off` per helper it wakes.
+    fn replay(&self, workers: usize, hand_off: f64) -> f64 {
         self.serial
             + self
                 .passes
@@ -104,7 +107,7 @@ impl Recording {
                     let tasks = &p.task_seconds;
                     match tasks.len() {
                         0 | 1 => tasks.iter().sum(),
-                        _ => makespan(tasks, workers) + fork_join,
+                        n => makespan(tasks, workers) + hand_off * (workers.min(n) - 1) as f64,
                     }
                 })
                 .sum::<f64>()
@@ -123,8 +126,9 @@ fn makespan(tasks: &[f64], workers: usize) -> f64 {
     free_at.into_iter().fold(0.0, f64::max)
 }
 
-/// Seconds the real pool takes to hand out and join a pass of tiny tasks on 2 threads.
-pub fn fork_join_seconds(cfg: &Config) -> f64 {
+/// Seconds a pass of tiny tasks takes on a 2-thread context: handing the pass to its one helper
+/// (the caller runs the tasks before the helper wakes).
+pub fn hand_off_seconds(cfg: &Config) -> f64 {
     let ctx = Context::new(2);
     time(cfg, || {
         ctx.for_each(4, |i| {
@@ -144,19 +148,19 @@ pub fn row(
     bytes: f64,
     mut call: impl FnMut(&Ctx),
 ) {
-    let fork_join = report.fork_join_seconds;
+    let hand_off = report.hand_off_seconds;
     let one = Recording::of(cfg, 1, &mut call);
     let base = one.total();
     // The real pool, for the check of the 2-thread prediction.
     let (real1, real2) = (Ctx::new(1), Ctx::new(2));
     let measured_1t = time(cfg, || call(&real1));
     let measured_2t = measured_1t / time(cfg, || call(&real2));
-    let predicted_2t = base / Recording::of(cfg, 2, &mut call).replay(2, fork_join);
+    let predicted_2t = base / Recording::of(cfg, 2, &mut call).replay(2, hand_off);
     let mut cells = Vec::new();
     let mut json = Vec::new();
     for &p in &cfg.simulate {
         let rec = Recording::of(cfg, p, &mut call);
-        let t = rec.replay(p, fork_join);
+        let t = rec.replay(p, hand_off);
         if std::env::var_os("SSMK_SIM_VERBOSE").is_some() {
             eprintln!("  P={p} serial {:.3} ms", rec.serial * 1e3);
             for pass in &rec.passes {

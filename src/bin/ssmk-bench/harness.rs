@@ -141,25 +141,6 @@ impl Memcpy {
         2.0 * self.src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
     }
 
-    /// Median bandwidth of copies split between two threads (each copies half the buffer): what
-    /// two cores of this machine stream together.
-    pub fn gbps_two_threads(&mut self, cfg: &Config) -> f64 {
-        let half = self.src.len() / 2;
-        let runs = (0..cfg.samples().0).map(|_| {
-            let t = Instant::now();
-            std::thread::scope(|scope| {
-                let pieces = self.dst.chunks_mut(half).zip(self.src.chunks(half));
-                for (dst, src) in pieces {
-                    scope.spawn(move || unsafe {
-                        libc::memcpy(dst.as_mut_ptr().cast(), src.as_ptr().cast(), src.len());
-                    });
-                }
-            });
-            2.0 * self.src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
-        });
-        median(runs.collect())
-    }
-
     /// Median bandwidth of a run of copies on its own.
     pub fn gbps(&mut self, cfg: &Config) -> f64 {
         median((0..cfg.samples().0).map(|_| self.copy()).collect())
@@ -392,8 +373,6 @@ pub struct Report {
     pub simulations: Vec<String>,
     /// What the simulation charges a pass per helper it wakes.
     pub hand_off_seconds: f64,
-    /// Two threads' memcpy bandwidth (GB/s), the bound of the simulation's 2-thread check.
-    pub memcpy_gbps_two_threads: f64,
 }
 
 impl Report {

@@ -71,7 +71,6 @@ fn main() {
         fma_peak_gflops: harness::fma_peak_gflops(&cfg),
         simulations: Vec::new(),
         hand_off_seconds: 0.0,
-        memcpy_gbps_two_threads: 0.0,
     };
     report.fact(
         "ssmk",
@@ -89,11 +88,6 @@ fn main() {
     );
     if cfg.simulating() {
         report.hand_off_seconds = simulate::hand_off_seconds(&cfg);
-        report.memcpy_gbps_two_threads = report.memcpy.gbps_two_threads(&cfg);
-        report.fact(
-            "memcpy_gbps_2t",
-            format!("{:.2}", report.memcpy_gbps_two_threads),
-        );
         report.fact(
             "hand_off_us",
             format!("{:.2}", report.hand_off_seconds * 1e6),

@@ -10,8 +10,7 @@
 //!
 //! What the replay ignores: shared caches and memory bandwidth (a task takes as long on a busy
 //! socket as alone on this one; the row prints the bandwidth the predicted speed would need, so
-//! a reader sees where memory binds first; only the 2-thread check against this machine is also
-//! bounded by the bytes over its two-thread memcpy bandwidth), NUMA, frequency changes with load, and helpers that
+//! a reader sees where memory binds first), NUMA, frequency changes with load, and helpers that
 //! wake late (the caller takes their tasks in the real pool; the replay assumes all start at
 //! once).
 
@@ -156,10 +155,7 @@ pub fn row(
     let (real1, real2) = (Ctx::new(1), Ctx::new(2));
     let measured_1t = time(cfg, || call(&real1));
     let measured_2t = measured_1t / time(cfg, || call(&real2));
-    // On this machine the check can also bound by bandwidth: the two cores' memcpy, same run.
-    let streamed_2t = bytes / (report.memcpy_gbps_two_threads * 1e9);
-    let replayed_2t = Recording::of(cfg, 2, &mut call).replay(2, hand_off);
-    let predicted_2t = base / replayed_2t.max(streamed_2t);
+    let predicted_2t = base / Recording::of(cfg, 2, &mut call).replay(2, hand_off);
     let mut cells = Vec::new();
     let mut json = Vec::new();
     for &p in &cfg.simulate {

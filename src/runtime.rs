@@ -295,7 +295,7 @@ impl Context {
     /// Runs `task(i)` for every `i in 0..n`. With one thread (or one task) it runs in order on the
     /// caller's thread and starts nothing. Otherwise the calling thread and up to `threads - 1`
     /// helpers from the private pool claim the tasks in index order from a shared counter, each
-    /// taking the next as it finishes one. The caller starts at once and never waits for a helper
+    /// taking the next run as it finishes one (see [`Claims::run`]). The caller starts at once and never waits for a helper
     /// to wake: a helper that comes late (its core busy with another runtime's threads, e.g.
     /// torch's OpenMP workers spinning after a GEMM) finds the tasks taken and leaves, and the
     /// call costs what one thread would. The caller waits only for tasks a helper has claimed.
@@ -335,20 +335,21 @@ impl Context {
         let job = SharedJob(unsafe {
             std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(job)
         });
-        for _ in 0..(self.threads - 1).min(n - 1) {
+        let workers = self.threads.min(n);
+        for _ in 1..workers {
             let (claims, job) = (Arc::clone(&claims), job);
             pool.spawn(move || {
                 claims.active.fetch_add(1, Ordering::SeqCst);
                 if !claims.closed.load(Ordering::SeqCst) {
                     let job = job;
-                    if catch_unwind(AssertUnwindSafe(|| claims.run(job.0, n))).is_err() {
+                    if catch_unwind(AssertUnwindSafe(|| claims.run(job.0, n, workers))).is_err() {
                         claims.panicked.store(true, Ordering::SeqCst);
                     }
                 }
                 claims.active.fetch_sub(1, Ordering::SeqCst);
             });
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| claims.run(&task, n)));
+        let mine = catch_unwind(AssertUnwindSafe(|| claims.run(&task, n, workers)));
         claims.closed.store(true, Ordering::SeqCst);
         let mut spins = 0u32;
         while claims.active.load(Ordering::SeqCst) != 0 {
@@ -379,14 +380,29 @@ struct Claims {
 }
 
 impl Claims {
-    /// Runs tasks claimed in index order until none is left.
-    fn run(&self, task: &(dyn Fn(usize) + Sync), n: usize) {
+    /// Runs runs of tasks claimed in index order until none is left. A claim takes a share of
+    /// what is left (guided scheduling: `left / (2 * workers)`, at least one), so a worker
+    /// streams long runs of adjacent tasks — adjacent state slots for a decode — while the
+    /// last claims stay small enough to balance.
+    fn run(&self, task: &(dyn Fn(usize) + Sync), n: usize, workers: usize) {
+        let mut next = self.next.load(Ordering::Relaxed);
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= n {
+            if next >= n {
                 return;
             }
-            task(i);
+            let take = ((n - next) / (2 * workers)).max(1);
+            match self.next.compare_exchange_weak(
+                next,
+                next + take,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    (next..next + take).for_each(task);
+                    next = self.next.load(Ordering::Relaxed);
+                }
+                Err(current) => next = current,
+            }
         }
     }
 }

@@ -2,7 +2,8 @@
 //! runs on a recording context ([`ssmk::runtime::Context::recording`]) that splits it exactly as
 //! P threads would but runs every task in turn on one thread and times it; the tasks are then
 //! replayed on P simulated workers with the pool's policy: each pass (one `for_each`) hands out
-//! its tasks in index order to whichever worker is free first and ends when its last task does
+//! runs of its tasks in index order to whichever worker is free first (each run a share of what
+//! is left, as the pool's guided claims take) and ends when its last task does
 //! (the next pass waits for it, as the kernels' passes do; the calling thread is one of the
 //! workers), and every pass of more than one task pays, per helper woken, the cost of handing a
 //! pass to one helper, measured in this run. Work the call does outside its passes (validation,
@@ -114,14 +115,19 @@ impl Recording {
     }
 }
 
-/// Greedy list scheduling in task order: each task goes to the worker free first.
+/// The pool's claiming in task order: the worker free first takes the next run of
+/// `max(1, left / (2 * workers))` tasks (`Context::for_each`'s guided claims).
 fn makespan(tasks: &[f64], workers: usize) -> f64 {
-    let mut free_at = vec![0.0f64; workers.max(1)];
-    for &t in tasks {
-        let first = (0..free_at.len())
+    let workers = workers.clamp(1, tasks.len().max(1));
+    let mut free_at = vec![0.0f64; workers];
+    let mut next = 0;
+    while next < tasks.len() {
+        let take = ((tasks.len() - next) / (2 * workers)).max(1);
+        let first = (0..workers)
             .min_by(|&a, &b| free_at[a].total_cmp(&free_at[b]))
             .unwrap_or(0);
-        free_at[first] += t;
+        free_at[first] += tasks[next..next + take].iter().sum::<f64>();
+        next += take;
     }
     free_at.into_iter().fold(0.0, f64::max)
 }

@@ -9,6 +9,8 @@
 //! pass to one helper, measured in this run. Work the call does outside its passes (validation,
 //! planning, calls small enough to stay on the calling thread) is serial.
 //!
+//! `SSMK_SIM_VERBOSE=1` also prints each pass's task count, sum, longest task and makespan.
+//!
 //! What the replay ignores: shared caches and memory bandwidth (a task takes as long on a busy
 //! socket as alone on this one; the row prints the bandwidth the predicted speed would need, so
 //! a reader sees where memory binds first), NUMA, frequency changes with load, and helpers that

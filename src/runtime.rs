@@ -295,12 +295,14 @@ impl Context {
     /// Runs `task(i)` for every `i in 0..n`. With one thread (or one task) it runs in order on the
     /// caller's thread and starts nothing. Otherwise the calling thread and up to `threads - 1`
     /// helpers from the private pool claim the tasks in index order from a shared counter, each
-    /// taking the next run as it finishes one (see [`Claims::run`]). The caller starts at once and never waits for a helper
-    /// to wake: a helper that comes late (its core busy with another runtime's threads, e.g.
-    /// torch's OpenMP workers spinning after a GEMM) finds the tasks taken and leaves, and the
-    /// call costs what one thread would. The caller waits only for tasks a helper has claimed.
-    /// If the pool cannot be built the tasks run inline: results never depend on where a task
-    /// ran. A panic in a task is re-raised on the calling thread once no helper runs a task.
+    /// taking the next run as it finishes one (see [`Claims::run`]). The caller wakes at most two
+    /// helpers and each helper wakes at most two more ([`helper_tree`]), so a wide pool starts in
+    /// a few wake-ups. The caller then starts at once and never waits for a helper to wake: a
+    /// helper that comes late (its core busy with another runtime's threads, e.g. torch's OpenMP
+    /// workers spinning after a GEMM) finds the tasks taken and leaves, and the call costs what
+    /// one thread would. The caller waits only for tasks a helper has claimed. If the pool cannot
+    /// be built the tasks run inline: results never depend on where a task ran. A panic in a
+    /// task is re-raised on the calling thread once no helper runs a task.
     pub fn for_each(&self, n: usize, task: impl Fn(usize) + Send + Sync) {
         if let Some(recorder) = &self.recorder {
             let task_seconds = (0..n)
@@ -336,18 +338,14 @@ impl Context {
             std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(job)
         });
         let workers = self.threads.min(n);
-        for _ in 1..workers {
-            let (claims, job) = (Arc::clone(&claims), job);
-            pool.spawn(move || {
-                claims.active.fetch_add(1, Ordering::SeqCst);
-                if !claims.closed.load(Ordering::SeqCst) {
-                    let job = job;
-                    if catch_unwind(AssertUnwindSafe(|| claims.run(job.0, n, workers))).is_err() {
-                        claims.panicked.store(true, Ordering::SeqCst);
-                    }
-                }
-                claims.active.fetch_sub(1, Ordering::SeqCst);
-            });
+        let pass = HelperPass {
+            claims: Arc::clone(&claims),
+            job,
+            n,
+            workers,
+        };
+        for helpers in helper_tree(workers - 1) {
+            pass.launch(helpers, &|helper| pool.spawn(helper));
         }
         let mine = catch_unwind(AssertUnwindSafe(|| claims.run(&task, n, workers)));
         claims.closed.store(true, Ordering::SeqCst);
@@ -407,6 +405,51 @@ impl Claims {
     }
 }
 
+/// How a worker shares out the `helpers` it must start: it wakes one helper per nonzero entry,
+/// and the helper woken for entry `k` starts the other `k - 1` itself, shared out the same way.
+/// A binary tree: the last of P workers starts after about 2 log2(P) wake-ups, not P - 1 in a
+/// row on the calling thread (the bench's `--simulate-threads` replays the same tree).
+pub fn helper_tree(helpers: usize) -> [usize; 2] {
+    let first = helpers.div_ceil(2);
+    [first, helpers - first]
+}
+
+/// What a helper of one pass needs: the claims, the task, and the pass's size.
+#[derive(Clone)]
+struct HelperPass {
+    claims: Arc<Claims>,
+    job: SharedJob,
+    n: usize,
+    workers: usize,
+}
+
+impl HelperPass {
+    /// Starts a helper through `spawn` that starts `helpers - 1` more (see [`helper_tree`]),
+    /// then claims tasks with the others. Nothing when `helpers` is 0.
+    fn launch(&self, helpers: usize, spawn: &dyn Fn(Box<dyn FnOnce() + Send>)) {
+        if helpers == 0 {
+            return;
+        }
+        let pass = self.clone();
+        spawn(Box::new(move || {
+            let claims = &pass.claims;
+            claims.active.fetch_add(1, Ordering::SeqCst);
+            if !claims.closed.load(Ordering::SeqCst) {
+                // On a pool thread, `rayon::spawn` queues to this pool (the thread's own).
+                for more in helper_tree(helpers - 1) {
+                    pass.launch(more, &|helper| rayon::spawn(helper));
+                }
+                let job = pass.job;
+                let run = || claims.run(job.0, pass.n, pass.workers);
+                if catch_unwind(AssertUnwindSafe(run)).is_err() {
+                    claims.panicked.store(true, Ordering::SeqCst);
+                }
+            }
+            claims.active.fetch_sub(1, Ordering::SeqCst);
+        }));
+    }
+}
+
 /// The task of a pass, handed to the helpers (see the lifetime argument in `for_each`).
 #[derive(Clone, Copy)]
 struct SharedJob(&'static (dyn Fn(usize) + Sync));
@@ -463,6 +506,44 @@ mod tests {
         });
         assert_eq!(hits.load(Ordering::Relaxed), 100);
         assert_eq!(ctx.pool().map(|p| p.current_num_threads()), Some(2));
+    }
+
+    #[test]
+    fn helper_tree_starts_each_helper_once_in_few_rounds() {
+        /// Helpers started by a worker that must start `k`, and the rounds of wake-ups it takes.
+        fn started(k: usize) -> (usize, usize) {
+            helper_tree(k)
+                .into_iter()
+                .enumerate()
+                .filter(|&(_, part)| part > 0)
+                .map(|(i, part)| {
+                    let (more, rounds) = started(part - 1);
+                    (1 + more, i + 1 + rounds)
+                })
+                .fold((0, 0), |(n, r), (m, q)| (n + m, r.max(q)))
+        }
+        for k in 0..200 {
+            let (n, rounds) = started(k);
+            assert_eq!(n, k, "{k} helpers");
+            assert!(rounds <= 2 * (k + 1).ilog2() as usize + 1, "{k}: {rounds}");
+        }
+    }
+
+    #[test]
+    fn a_wide_pool_wakes_helpers_through_helpers() {
+        // The caller wakes two helpers itself; more threads than three at work means helpers
+        // woke helpers. Tasks sleep, so every thread gets a core even on a small machine.
+        let ctx = Context::new(8);
+        let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+        let hits = AtomicUsize::new(0);
+        ctx.for_each(64, |_| {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            seen.lock().unwrap().insert(std::thread::current().id());
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 64);
+        let threads = seen.lock().unwrap().len();
+        assert!((4..=8).contains(&threads), "{threads} threads ran tasks");
     }
 
     #[test]

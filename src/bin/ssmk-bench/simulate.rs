@@ -5,22 +5,23 @@
 //! runs of its tasks in index order to whichever worker is free first (each run a share of what
 //! is left, as the pool's guided claims take) and ends when its last task does
 //! (the next pass waits for it, as the kernels' passes do; the calling thread is one of the
-//! workers), and every pass of more than one task pays, per helper woken, the cost of handing a
-//! pass to one helper, measured in this run. Work the call does outside its passes (validation,
-//! planning, calls small enough to stay on the calling thread) is serial.
+//! workers). Workers start claiming when the pool's wake-up tree
+//! ([`ssmk::runtime::helper_tree`]) reaches them: each wake-up costs the waker one hand-off (the
+//! cost of handing a pass to one helper, measured in this run) and the woken helper starts one
+//! hand-off later. Work the call does outside its passes (validation, planning, calls small
+//! enough to stay on the calling thread) is serial.
 //!
 //! `SSMK_SIM_VERBOSE=1` also prints each pass's task count, sum, longest task and makespan.
 //!
 //! What the replay ignores: shared caches and memory bandwidth (a task takes as long on a busy
 //! socket as alone on this one; the row prints the bandwidth the predicted speed would need, so
 //! a reader sees where memory binds first), NUMA, frequency changes with load, and helpers that
-//! wake late (the caller takes their tasks in the real pool; the replay assumes all start at
-//! once).
+//! wake later than one hand-off (the caller takes their tasks in the real pool).
 
 use std::time::Instant;
 
 use ssmk::ffi::context::ssmk_context;
-use ssmk::runtime::{Context, Pass};
+use ssmk::runtime::{Context, Pass, helper_tree};
 
 use crate::harness::{Config, Ctx, Report, time};
 
@@ -100,7 +101,7 @@ impl Recording {
     }
 
     /// Predicted time on `workers` workers (the caller and `workers - 1` helpers), each
-    /// multi-task pass paying `hand_off` per helper it wakes.
+    /// multi-task pass starting its workers as the pool's wake-up tree does.
     fn replay(&self, workers: usize, hand_off: f64) -> f64 {
         self.serial
             + self
@@ -110,28 +111,53 @@ impl Recording {
                     let tasks = &p.task_seconds;
                     match tasks.len() {
                         0 | 1 => tasks.iter().sum(),
-                        n => makespan(tasks, workers) + hand_off * (workers.min(n) - 1) as f64,
+                        n => makespan(tasks, &start_times(workers.min(n), hand_off)),
                     }
                 })
                 .sum::<f64>()
     }
 }
 
-/// The pool's claiming in task order: the worker free first takes the next run of
-/// `max(1, left / (2 * workers))` tasks (`Context::for_each`'s guided claims).
-fn makespan(tasks: &[f64], workers: usize) -> f64 {
-    let workers = workers.clamp(1, tasks.len().max(1));
-    let mut free_at = vec![0.0f64; workers];
-    let mut next = 0;
+/// When each of a pass's `workers` starts claiming tasks, the caller first: a worker wakes its
+/// share of helpers ([`helper_tree`]) one hand-off each before it starts, and a woken helper
+/// starts one hand-off after its wake-up.
+fn start_times(workers: usize, hand_off: f64) -> Vec<f64> {
+    fn start(helpers: usize, at: f64, hand_off: f64, starts: &mut Vec<f64>) {
+        let mut now = at;
+        let mut woken = Vec::new();
+        for part in helper_tree(helpers) {
+            if part > 0 {
+                now += hand_off;
+                woken.push((part, now + hand_off));
+            }
+        }
+        starts.push(now);
+        for (part, at) in woken {
+            start(part - 1, at, hand_off, starts);
+        }
+    }
+    let mut starts = Vec::with_capacity(workers);
+    start(workers - 1, 0.0, hand_off, &mut starts);
+    starts
+}
+
+/// The pool's claiming in task order: the worker free first (each from its start time) takes
+/// the next run of `max(1, left / (2 * workers))` tasks (`Context::for_each`'s guided claims).
+fn makespan(tasks: &[f64], starts: &[f64]) -> f64 {
+    let workers = starts.len();
+    let mut free_at = starts.to_vec();
+    let (mut next, mut end) = (0, 0.0f64);
     while next < tasks.len() {
         let take = ((tasks.len() - next) / (2 * workers)).max(1);
         let first = (0..workers)
             .min_by(|&a, &b| free_at[a].total_cmp(&free_at[b]))
             .unwrap_or(0);
         free_at[first] += tasks[next..next + take].iter().sum::<f64>();
+        end = end.max(free_at[first]);
         next += take;
     }
-    free_at.into_iter().fold(0.0, f64::max)
+    // A helper that found no task left is not waited for.
+    end
 }
 
 /// Seconds a pass of tiny tasks takes on a 2-thread context: handing the pass to its one helper
@@ -178,7 +204,7 @@ pub fn row(
                     t.len(),
                     t.iter().sum::<f64>() * 1e3,
                     t.iter().copied().fold(0.0, f64::max) * 1e3,
-                    makespan(t, p) * 1e3
+                    makespan(t, &start_times(p.min(t.len().max(1)), hand_off)) * 1e3
                 );
             }
         }
@@ -209,4 +235,32 @@ pub fn row(
         "{{\"op\": \"{op}\", \"shape\": \"{shape}\", \"seconds_1t\": {base:e}, \"bytes\": {bytes:.0}, \"predicted_2t\": {predicted_2t:.3}, \"measured_2t\": {measured_2t:.3}, \"simulated\": [{}]}}",
         json.join(", ")
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_start_as_the_wake_up_tree_reaches_them() {
+        assert_eq!(start_times(1, 1.0), vec![0.0]);
+        // The caller wakes one helper (1), which starts one hand-off later (2).
+        assert_eq!(start_times(2, 1.0), vec![1.0, 2.0]);
+        // Two wake-ups by the caller, one more by the first helper.
+        assert_eq!(start_times(4, 1.0), vec![2.0, 3.0, 4.0, 3.0]);
+        let wide = start_times(64, 1.0);
+        assert_eq!(wide.len(), 64);
+        let last = wide.iter().copied().fold(0.0, f64::max);
+        assert!(last <= 4.0 * 6.0, "the last of 64 workers starts at {last}");
+    }
+
+    #[test]
+    fn makespan_follows_guided_claims_from_the_start_times() {
+        assert_eq!(makespan(&[1.0; 8], &[0.0; 4]), 2.0);
+        assert_eq!(makespan(&[1.0; 8], &[0.0]), 8.0);
+        // A helper that starts after the work is gone is not waited for.
+        assert_eq!(makespan(&[1.0; 2], &[0.0, 5.0]), 2.0);
+        // Claims take a share of what is left: 8 tasks on 2 workers go 2, 1, 1, 1, 1, 1, 1.
+        assert_eq!(makespan(&[1.0; 8], &[0.0, 0.0]), 4.0);
+    }
 }

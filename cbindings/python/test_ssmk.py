@@ -68,6 +68,20 @@ class Surface(unittest.TestCase):
         self.assertIsNone(ctx.handle)
 
 
+    def test_context_left_open_at_exit_closes_quietly(self):
+        # A context still open when the interpreter exits is destroyed by `__del__` after the
+        # module's globals are cleared; that must not print an ignored exception.
+        import subprocess
+
+        # Teardown clears the module's globals (`lib` among them) before such a context goes,
+        # in an order that depends on the other modules loaded: clear it by hand.
+        code = "import ssmk\nkeep = ssmk.Context(2)\nssmk.lib = None\ndel keep\n"
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__))))
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stderr, "")
+
+
 class Memory(unittest.TestCase):
     def test_batch_memcpy_overlapping_equals_memmove(self):
         pool = bytearray(range(256)) * 64

@@ -190,6 +190,9 @@ class Context:
     """Owns an ``ssmk_context``; ``Context(1)`` runs every kernel on the calling thread."""
 
     def __init__(self, num_threads=0):
+        # Held by the object: at interpreter exit `__del__` may run after the module's `lib`
+        # global is cleared.
+        self._destroy = lib.ssmk_context_destroy
         self.handle = lib.ssmk_context_create(num_threads)
         if not self.handle:
             raise SsmkError("ssmk_context_create", ERR_ALLOCATION, "returned NULL")
@@ -199,8 +202,8 @@ class Context:
         return lib.ssmk_context_num_threads(self.handle)
 
     def close(self):
-        if self.handle:
-            lib.ssmk_context_destroy(self.handle)
+        if getattr(self, "handle", None):
+            self._destroy(self.handle)
             self.handle = None
 
     def __enter__(self):

@@ -119,6 +119,60 @@ class Package(unittest.TestCase):
     def test_version(self):
         self.assertEqual(ssmk.__version__, ssmk.version())
 
+    def test_descriptors_are_shared_only_by_identical_views(self):
+        t = torch.zeros(4, 6, dtype=torch.bfloat16)
+        d = st._d(t)
+        self.assertIs(st._d(t), d)
+        self.assertIs(st._d(t.view(4, 6)), d, "a view of the same memory and layout")
+        self.assertEqual((d.shape, d.strides, d.dtype), ((4, 6), (6, 1), "torch.bfloat16"))
+        for other in (t.t(), t[1:], t.view(6, 4), t.view(torch.float16), t[:, :3]):
+            o = st._d(other)
+            self.assertIsNot(o, d)
+            self.assertEqual((o.shape, o.strides), (tuple(other.shape), other.stride()))
+            self.assertEqual(o.struct.data, other.data_ptr())
+
+    def test_eager_calls_without_autograd_skip_only_the_dispatch(self):
+        """Under no_grad / inference_mode the convenient functions call the implementation
+        directly (the dispatch costs more than a decode kernel); results, version counters and
+        errors are those of the op, and anything that needs the dispatcher still gets it."""
+        A_log, dt_bias = randn(4, seed=1), randn(4, seed=2)
+        a, b = randn(3, 4, seed=3, dtype=torch.bfloat16), randn(3, 4, seed=4, dtype=torch.bfloat16)
+        g_op, beta_op = torch.empty(3, 4), torch.empty(3, 4, dtype=torch.bfloat16)
+        torch.ops.ssmk.gdn_gating(A_log, a, b, dt_bias, 1.0, 20.0, g_op, beta_op, 0)
+        self.assertFalse(st._direct(), "grad mode dispatches")
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                self.assertTrue(st._direct(), mode.__name__)
+                g, beta = torch.empty(3, 4), torch.empty(3, 4, dtype=torch.bfloat16)
+                versions = (g._version, beta._version) if mode is torch.no_grad else None
+                st.gdn_gating(A_log, a, b, dt_bias, g=g, beta=beta)
+                self.assertTrue(torch.equal(g, g_op) and torch.equal(beta, beta_op), mode.__name__)
+                if versions is not None:
+                    self.assertEqual((g._version, beta._version), (versions[0] + 1, versions[1] + 1))
+                    self.assertEqual(A_log._version, 0, "an input's version is left alone")
+                caches = [torch.ones(3, 2), torch.ones(3, 5)]
+                before = [c._version for c in caches] if mode is torch.no_grad else None
+                st.zero_blocks_multi(caches, torch.tensor([1]))
+                self.assertEqual([c[1].abs().sum().item() for c in caches], [0.0, 0.0])
+                if before is not None:
+                    self.assertEqual([c._version for c in caches], [v + 1 for v in before])
+                with self.assertRaises(ssmk.SsmkError):  # refusals raise the same error
+                    st.gdn_gating(A_log, a, b, dt_bias[:3], g=g, beta=beta)
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Seen(TorchDispatchMode):
+            ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Seen.ops.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        with torch.no_grad(), Seen():
+            self.assertFalse(st._direct(), "a dispatch mode sees every op")
+            st.gdn_gating(A_log, a, b, dt_bias)
+        self.assertIn("ssmk.gdn_gating.default", Seen.ops)
+
 
 class Conv(unittest.TestCase):
     D, W, S = 24, 4, 3

@@ -8,19 +8,52 @@
 //! body never reads or writes outside the tensors.
 
 use super::{DeltaRule, Sequence, StateWrite, load_row, store_row, write_f32};
+use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::simd::{Simd, SimdElement, exp_into};
 
-/// Per-token inputs of one (sequence, v-head), converted to f32 once.
+/// Per-token inputs of one (sequence, v-head), converted to f32 once, in one task buffer (no
+/// allocation per task) followed by `extra` floats of zeroed scratch for the caller.
 struct Tokens {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    /// `exp(g)`: one per token, or `K` per token with per-channel decays.
-    decay: Vec<f32>,
-    beta: Vec<f32>,
+    buf: TaskBuffer,
+    kd: usize,
+    vd: usize,
+    len: usize,
+    decays: usize,
+}
+
+/// The rows of [`Tokens`]: per token `q`, `k` (`K` each), `v` (`V`), the decays `exp(g)` (one,
+/// or `K` with per-channel decays) and `beta`.
+struct TokenRows<'a> {
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    decay: &'a mut [f32],
+    beta: &'a mut [f32],
 }
 
 impl Tokens {
+    /// The token rows and the caller's scratch.
+    fn split(&mut self) -> (TokenRows<'_>, &mut [f32]) {
+        let (kd, vd, len) = (self.kd, self.vd, self.len);
+        let (q, rest) = self.buf.split_at_mut(len * kd);
+        let (k, rest) = rest.split_at_mut(len * kd);
+        let (v, rest) = rest.split_at_mut(len * vd);
+        let (decay, rest) = rest.split_at_mut(len * self.decays);
+        let (beta, extra) = rest.split_at_mut(len);
+        (
+            TokenRows {
+                q,
+                k,
+                v,
+                decay,
+                beta,
+            },
+            extra,
+        )
+    }
+}
+
+impl TokenRows<'_> {
     /// The decays of token `i`: one value, or one per state row.
     fn decay(&self, i: usize, per_channel: bool, kd: usize) -> &[f32] {
         match per_channel {
@@ -31,18 +64,24 @@ impl Tokens {
 }
 
 #[inline(always)]
-unsafe fn load_tokens<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize) -> Tokens {
+unsafe fn load_tokens<S: Simd>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    hv: usize,
+    extra: usize,
+) -> Tokens {
     let (kd, vd, len) = (args.k_dim, args.v_dim, seq.len);
     let h = args.qk_head(hv);
     let decays = if args.per_channel { kd } else { 1 };
-    let mut t = Tokens {
-        q: vec![0.0; len * kd],
-        k: vec![0.0; len * kd],
-        v: vec![0.0; len * vd],
-        decay: vec![0.0; len * decays],
-        beta: vec![0.0; len],
+    let mut tokens = Tokens {
+        buf: TaskBuffer::take(len * (2 * kd + vd + decays + 1) + decays + extra),
+        kd,
+        vd,
+        len,
+        decays,
     };
-    let mut g_row = vec![0f32; decays];
+    let (t, scratch) = tokens.split();
+    let g_row = &mut scratch[..decays];
     for i in 0..len {
         let tok = seq.start + i;
         args.prefetch_v(tok + super::PREFETCH_TOKENS, hv, false);
@@ -62,14 +101,15 @@ unsafe fn load_tokens<S: Simd>(args: &DeltaRule, seq: &Sequence, hv: usize) -> T
             let (g, b) = args.gate(tok, hv);
             t.beta[i] = b;
             if args.per_channel {
-                args.log_decays(tok, hv, &mut g_row);
+                args.log_decays(tok, hv, g_row);
             } else {
                 g_row[0] = g;
             }
-            exp_into::<S>(&g_row, &mut t.decay[i * decays..(i + 1) * decays]);
+            exp_into::<S>(g_row, &mut t.decay[i * decays..(i + 1) * decays]);
         }
     }
-    t
+    g_row.fill(0.0);
+    tokens
 }
 
 /// State rows ahead that a decode's first pass prefetches (4 KiB of an f32 row of 128).
@@ -250,11 +290,12 @@ unsafe fn token<S: Simd, const PER_CHANNEL: bool>(
 pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Sequence, hv: usize) {
     let (kd, vd) = (args.k_dim, args.v_dim);
     let w = 2 * S::LANES;
-    let tokens = unsafe { load_tokens::<S>(args, seq, hv) };
     let blocks_n = vd.div_ceil(w);
-    let mut blocks = vec![0f32; blocks_n * kd * w];
+    let mut tokens = unsafe { load_tokens::<S>(args, seq, hv, blocks_n * kd * w) };
+    let (tokens, scratch) = tokens.split();
+    let blocks = &mut scratch[..blocks_n * kd * w];
     if let Some(slot) = seq.read {
-        unsafe { load_state::<S, St>(args, slot, hv, &mut blocks) };
+        unsafe { load_state::<S, St>(args, slot, hv, blocks) };
     }
     let (mut v, mut o) = ([0f32; 32], [0f32; 32]);
     let out = &args.out;
@@ -320,102 +361,168 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
         StateWrite::PerToken(slots) => slots[0],
         StateWrite::Nothing => None,
     };
-    let (kd, vd, l) = (args.k_dim, args.v_dim, S::LANES);
-    let vec_end = vd / l * l;
-    let tokens = unsafe { load_tokens::<S>(args, seq, hv) };
-    let (q, k, v) = (&tokens.q, &tokens.k, &tokens.v);
-    let (decays, beta) = (tokens.decay(0, args.per_channel, kd), tokens.beta[0]);
-    // Decay of state row `r`; `kv` sums `S^T (a * k)` per channel, or `a (S^T k)` per head.
-    let decay = |r: usize| decays[if args.per_channel { r } else { 0 }];
-    let scaled_k: Vec<f32>;
-    let kv_k: &[f32] = match args.per_channel {
+    let (kd, vd) = (args.k_dim, args.v_dim);
+    let mut tokens = unsafe { load_tokens::<S>(args, seq, hv, 2 * vd + kd) };
+    let (t, scratch) = tokens.split();
+    let (kv, rest) = scratch.split_at_mut(vd);
+    let (delta, rest) = rest.split_at_mut(vd);
+    let scaled_k = &mut rest[..kd];
+    let (q, k, v) = (&t.q[..kd], &t.k[..kd], &t.v[..vd]);
+    let (decays, beta) = (t.decay(0, args.per_channel, kd), t.beta[0]);
+    // `kv` sums `S^T (a * k)` per channel, or `a (S^T k)` per head.
+    let (kv_k, kv_scale): (&[f32], f32) = match args.per_channel {
         true => {
-            scaled_k = (0..kd).map(|r| k[r] * decays[r]).collect();
-            &scaled_k
-        }
-        false => k,
-    };
-    let kv_scale = if args.per_channel { 1.0 } else { decays[0] };
-    let row = |slot: usize, r: usize| st.at(&[slot, hv, r, 0]).cast::<St>();
-    let mut kv = vec![0f32; vd];
-    unsafe {
-        if let Some(slot) = seq.read {
-            for r in 0..kd {
-                let src = row(slot, r);
-                if r + DECODE_PREFETCH_ROWS < kd {
-                    super::prefetch(
-                        row(slot, r + DECODE_PREFETCH_ROWS).cast(),
-                        vd * size_of::<St>(),
-                    );
-                }
-                let kr = S::splat(kv_k[r]);
-                let mut j = 0;
-                while j < vec_end {
-                    let p = kv.as_mut_ptr().add(j);
-                    S::store_f32(p, S::fma(St::load::<S>(src.add(j)), kr, S::load_f32(p)));
-                    j += l;
-                }
-                for j in vec_end..vd {
-                    kv[j] = (*src.add(j)).to_f32().mul_add(kv_k[r], kv[j]);
-                }
+            for ((sk, &kr), &a) in scaled_k.iter_mut().zip(k).zip(decays) {
+                *sk = kr * a;
             }
+            (scaled_k, 1.0)
         }
-    }
-    // delta = beta (v - kv)
-    let delta: Vec<f32> = (0..vd).map(|j| beta * (v[j] - kv_scale * kv[j])).collect();
-    let mut o = kv; // reused as the output accumulator
-    o.iter_mut().for_each(|x| *x = 0.0);
-    // The next task is usually the next v-head of this slot: start reading its state while this
-    // pass computes from cache, so memory is never idle between the two.
-    let next_head = seq
-        .read
-        .filter(|_| hv + 1 < args.v_heads)
-        .map(|slot| st.at(&[slot, hv + 1, 0, 0]));
-    unsafe {
+        false => (k, decays[0]),
+    };
+    let row = |slot: usize, r: usize| st.at(&[slot, hv, r, 0]).cast::<St>();
+    if let Some(slot) = seq.read {
         for r in 0..kd {
-            let a = S::splat(decay(r));
-            if let Some(next) = next_head {
-                super::prefetch_l2(
-                    next.wrapping_add(r * st.strides[2] * size_of::<St>()),
+            if r + DECODE_PREFETCH_ROWS < kd {
+                super::prefetch(
+                    row(slot, r + DECODE_PREFETCH_ROWS).cast(),
                     vd * size_of::<St>(),
                 );
             }
-            let (kr, qr) = (S::splat(k[r]), S::splat(q[r]));
-            let src = seq.read.map(|slot| row(slot, r));
-            let dst = write.map(|slot| row(slot, r));
-            let mut j = 0;
-            while j < vec_end {
-                let upd = S::mul(kr, S::load_f32(delta.as_ptr().add(j)));
-                let s_new = match src {
-                    Some(src) => S::fma(St::load::<S>(src.add(j)), a, upd),
-                    None => upd,
-                };
-                if let Some(dst) = dst {
-                    St::store::<S>(dst.add(j), s_new);
-                }
-                let p = o.as_mut_ptr().add(j);
-                S::store_f32(p, S::fma(s_new, qr, S::load_f32(p)));
-                j += l;
-            }
-            for j in vec_end..vd {
-                let old = src.map_or(0.0, |src| (*src.add(j)).to_f32());
-                let s_new = old.mul_add(decay(r), k[r] * delta[j]);
-                if let Some(dst) = dst {
-                    *dst.add(j) = St::from_f32(s_new);
-                }
-                o[j] = s_new.mul_add(q[r], o[j]);
-            }
-            // A checkpoint of a decode is its final state: the row as just stored, bit for bit.
-            if let Some(dst) = dst {
-                for cp in &seq.checkpoints {
-                    std::ptr::copy_nonoverlapping(dst, row(cp.slot, r), vd);
+            unsafe { accumulate_row::<S, St>(row(slot, r), kv_k[r], kv) };
+        }
+    }
+    // delta = beta (v - kv); `kv` is then the output's accumulator.
+    for ((d, &vj), &kvj) in delta.iter_mut().zip(v).zip(kv.iter()) {
+        *d = beta * (vj - kv_scale * kvj);
+    }
+    let o = kv;
+    o.fill(0.0);
+    let rows = UpdateRows {
+        read: seq.read.map(|slot| row(slot, 0).cast_const()),
+        write: write.map(|slot| row(slot, 0)),
+        row_stride: st.strides[2],
+        // The next task is usually the next v-head of this slot: start reading its state while
+        // this pass computes from cache, so memory is never idle between the two.
+        next_head: seq
+            .read
+            .filter(|_| hv + 1 < args.v_heads)
+            .map(|slot| st.at(&[slot, hv + 1, 0, 0]).cast_const()),
+        decays: (decays, args.per_channel),
+        k,
+        q,
+        delta,
+    };
+    unsafe {
+        match (rows.read.is_some(), rows.write.is_some()) {
+            (true, true) => rows.run::<S, true, true>(o),
+            (true, false) => rows.run::<S, true, false>(o),
+            (false, true) => rows.run::<S, false, true>(o),
+            (false, false) => rows.run::<S, false, false>(o),
+        }
+        // A checkpoint of a decode is its final state: the rows as just stored, bit for bit.
+        if let Some(slot) = write {
+            for cp in &seq.checkpoints {
+                for r in 0..kd {
+                    std::ptr::copy_nonoverlapping(row(slot, r), row(cp.slot, r), vd);
                 }
             }
         }
         let out = &args.out;
-        store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], &o);
+        store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
     }
     true
+}
+
+/// `acc += row * x` over one state row of `acc.len()` values.
+///
+/// # Safety
+/// `row` holds `acc.len()` values; the CPU supports `S`.
+#[inline(always)]
+unsafe fn accumulate_row<S: Simd, St: SimdElement>(row: *const St, x: f32, acc: &mut [f32]) {
+    let (l, vd) = (S::LANES, acc.len());
+    let vec_end = vd / l * l;
+    let xv = unsafe { S::splat(x) };
+    let mut j = 0;
+    unsafe {
+        while j < vec_end {
+            let p = acc.as_mut_ptr().add(j);
+            S::store_f32(p, S::fma(St::load::<S>(row.add(j)), xv, S::load_f32(p)));
+            j += l;
+        }
+        for j in vec_end..vd {
+            acc[j] = (*row.add(j)).to_f32().mul_add(x, acc[j]);
+        }
+    }
+}
+
+/// Pass 2 of a decode: row `r` becomes `a_r S[r] + k[r] delta` (read through `read`, zeros
+/// without; stored through `write` when given) and `o += q[r] S[r]`.
+struct UpdateRows<'a, St> {
+    /// Row 0 of the old and the new state; row `r` is `r * row_stride` elements on.
+    read: Option<*const St>,
+    write: Option<*mut St>,
+    row_stride: usize,
+    next_head: Option<*const u8>,
+    /// `exp(g)`: one for every row, or one per row (`true`).
+    decays: (&'a [f32], bool),
+    k: &'a [f32],
+    q: &'a [f32],
+    delta: &'a [f32],
+}
+
+impl<St: SimdElement> UpdateRows<'_, St> {
+    /// The rows, with the presence of the old and the new state fixed at compile time (`READ`,
+    /// `WRITE`): matching the `Option`s per vector kept the loop's values on the stack.
+    ///
+    /// # Safety
+    /// The pointers are valid for `K` rows of `V` values; the CPU supports `S`.
+    #[inline(always)]
+    unsafe fn run<S: Simd, const READ: bool, const WRITE: bool>(&self, o: &mut [f32]) {
+        let (l, vd) = (S::LANES, o.len());
+        let vec_end = vd / l * l;
+        let (decays, per_channel) = self.decays;
+        let row_bytes = vd * size_of::<St>();
+        let (src0, dst0) = (
+            self.read.unwrap_or(std::ptr::null()),
+            self.write.unwrap_or(std::ptr::null_mut()),
+        );
+        for (r, (&kr, &qr)) in self.k.iter().zip(self.q).enumerate() {
+            let offset = r * self.row_stride;
+            if let Some(next) = self.next_head {
+                super::prefetch_l2(next.wrapping_add(offset * size_of::<St>()), row_bytes);
+            }
+            let a = decays[if per_channel { r } else { 0 }];
+            let (src, dst) = (src0.wrapping_add(offset), dst0.wrapping_add(offset));
+            unsafe {
+                let (av, kv, qv) = (S::splat(a), S::splat(kr), S::splat(qr));
+                let mut j = 0;
+                while j < vec_end {
+                    let upd = S::mul(kv, S::load_f32(self.delta.as_ptr().add(j)));
+                    let s_new = match READ {
+                        true => S::fma(St::load::<S>(src.add(j)), av, upd),
+                        false => upd,
+                    };
+                    if WRITE {
+                        St::store::<S>(dst.add(j), s_new);
+                    }
+                    let p = o.as_mut_ptr().add(j);
+                    S::store_f32(p, S::fma(s_new, qv, S::load_f32(p)));
+                    j += l;
+                }
+                for j in vec_end..vd {
+                    let old = match READ {
+                        true => (*src.add(j)).to_f32(),
+                        false => 0.0,
+                    };
+                    let s_new = old.mul_add(a, kr * self.delta[j]);
+                    if WRITE {
+                        *dst.add(j) = St::from_f32(s_new);
+                    }
+                    o[j] = s_new.mul_add(qr, o[j]);
+                }
+            }
+        }
+    }
 }
 
 /// Zero output rows of a padded sequence for one v-head.
@@ -455,9 +562,10 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
         write: StateWrite::Nothing,
         checkpoints: Vec::new(),
     };
-    let tokens = unsafe { load_tokens::<S>(args, &span, hv) };
     let blocks_n = vd.div_ceil(w);
-    let mut blocks = vec![0f32; blocks_n * kd * w];
+    let mut tokens = unsafe { load_tokens::<S>(args, &span, hv, blocks_n * kd * w) };
+    let (tokens, scratch) = tokens.split();
+    let blocks = &mut scratch[..blocks_n * kd * w];
     let (mut v, mut o) = ([0f32; 32], [0f32; 32]);
     for b in 0..blocks_n {
         let v0 = b * w;
@@ -482,5 +590,5 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
             }
         }
     }
-    unsafe { store_state::<S, St>(args, slot, hv, &blocks, 0, blocks_n) };
+    unsafe { store_state::<S, St>(args, slot, hv, blocks, 0, blocks_n) };
 }

@@ -334,7 +334,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
         }
     }
     if let StateWrite::Final(slot) = seq.write {
-        unsafe { store_state::<S, St>(args, slot, hv, &blocks, 0, blocks_n) };
+        unsafe { store_state::<S, St>(args, slot, hv, blocks, 0, blocks_n) };
     }
 }
 /// A decode (one token) on a contiguous state of dtype `St`, straight on the state rows:

@@ -265,6 +265,34 @@ fn every_isa_kda_gates_keep_nan() {
     }
 }
 
+/// Found by `kda_gating`: with no v-head (`a` `[N, 0, K]`, no element) `K` is bounded by no
+/// memory, and the AVX2/AVX-512 path allocated a row of `K` floats per row anyway (ASan:
+/// allocation-size-too-big at K = 2^40). A call without elements now does nothing, on every ISA.
+#[test]
+fn every_isa_kda_gating_without_heads_allocates_nothing() {
+    let a_log = Tensor::zeros(DType::F32, &[0]);
+    let a = Tensor::zeros(DType::F32, &[3, 0, 1]);
+    let g = Tensor::zeros(DType::F32, &[3, 0, 1]);
+    let huge: [i64; 3] = [3, 0, 1 << 40];
+    let desc = |t: &Tensor| ssmk_tensor::cpu(t.base().cast(), DType::F32, &huge, None);
+    for isa in Isa::under_test() {
+        let mut gd = desc(&g);
+        let code = with_isa(isa, || unsafe {
+            ssmk_kda_gating(
+                Ctx::new(1).0,
+                &a_log.desc(),
+                &desc(&a),
+                null(),
+                0.0,
+                null(),
+                &mut gd,
+                null_mut(),
+            )
+        });
+        assert_eq!(code, SSMK_OK, "{isa:?}: {}", common::last_error());
+    }
+}
+
 /// Found by `delta_rule_gdn` and `mamba2_scan` once they fuzzed checkpoint tables: `state` (or
 /// `out`) over `checkpoint_offsets` or `checkpoint_slots` was accepted. Both tables are now
 /// inputs every output must not overlap.

@@ -212,6 +212,11 @@ pub(crate) unsafe fn kda_gate_row<S: Simd>(
 /// the CPU supports `isa`.
 pub unsafe fn kda_gating(ctx: &Context, isa: Isa, args: &KdaGating) {
     let (heads, k_dim) = (args.heads, args.k_dim);
+    // No element: nothing to do. `K` is then unbounded by any memory (`a` is [N, 0, K]), and
+    // the vector rows' scratch of `K` floats would be an allocation of any size.
+    if heads == 0 || args.rows == 0 || k_dim == 0 {
+        return;
+    }
     let a_scale: Vec<f32> = (0..heads)
         .map(|h| unsafe { read_f32(args.a_log.at(&[h]), DType::F32) }.exp())
         .collect();

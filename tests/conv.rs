@@ -14,6 +14,7 @@ use std::ptr::{null, null_mut};
 
 use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
+use ssmk::ffi::context::ssmk_context;
 use ssmk::ffi::conv::*;
 use ssmk::ffi::status::*;
 use ssmk::runtime::{Isa, with_every_call_parallel};
@@ -585,21 +586,32 @@ fn mixed_decode_and_prefill_equals_separate_calls() {
     }
 }
 
+/// Results are bitwise identical on 1 and 2 threads, and the prefill also on the splits of 3,
+/// 16 and 64 threads (16 and 64 run by recording contexts, which split a call as that many
+/// threads would and run its tasks in turn): token groups of 32 tokens and channel blocks.
 #[test]
-fn one_and_two_threads_are_bitwise_equal() {
+fn thread_counts_are_bitwise_equal() {
     let (c1, c2) = (Ctx::new(1), Ctx::new(2));
+    let wide = [
+        Ctx::new(3),
+        Ctx(ssmk_context::recording(16)),
+        Ctx(ssmk_context::recording(64)),
+    ];
     for act in DTYPES {
         let mut s = Spec::new(&[1, 1, 700, 33, 0, 513, 1], 1000, 4, act);
         s.state_rows = Some(5);
         let mut a = s.build();
-        let mut b = a.dup();
+        let first = a.dup();
         a.run(&c1, None);
-        with_every_call_parallel(|| b.run(&c2, None));
-        assert!(
-            a.out.storage == b.out.storage
-                && a.states.unwrap().storage == b.states.unwrap().storage,
-            "fwd {act:?}"
-        );
+        for (threads, ctx) in [(2, &c2), (3, &wide[0]), (16, &wide[1]), (64, &wide[2])] {
+            let mut b = first.dup();
+            with_every_call_parallel(|| b.run(ctx, None));
+            assert!(
+                a.out.storage == b.out.storage
+                    && a.states.as_ref().unwrap().storage == b.states.unwrap().storage,
+                "fwd {act:?}, {threads} threads"
+            );
+        }
         let mut u = UpdateSpec::new(64, 3, 1000, 4, act).build();
         u.accepted = Some(Tensor::ints(
             DType::I32,

@@ -47,6 +47,10 @@ const TASKS_PER_THREAD: usize = 4;
 pub(crate) const PIECE_TOKENS: usize = 256;
 /// Work (tokens plus state rows) gathered into one token group before a new one starts.
 pub(crate) const GROUP_COST: usize = 512;
+/// Smallest group cost a wide pool's split goes down to (see `token_split`).
+const MIN_GROUP_COST: usize = 32;
+/// Channels per block a wide pool's split keeps before shrinking token groups.
+const WIDE_CHANNEL_BLOCK: usize = 1024;
 /// Fewest outputs (tokens x channels) worth spreading over threads. Waking the pool cost 10-40 us
 /// on the 2-core machine this was measured on: a single decode at D = 1024 took 8 us on one
 /// thread and 17-29 on two, 16 decodes 20 us and 31-39; at 64K outputs (~70-100 us) two threads
@@ -243,12 +247,13 @@ impl Plan {
     /// The split for `threads` threads. Results do not depend on it: every output element is
     /// computed the same way whichever task holds it.
     pub fn new(p: &Problem, threads: usize) -> Plan {
+        let (piece_tokens, group_cost) = token_split(p, threads);
         let mut pieces = Vec::new();
         for (b, s) in p.seqs.iter().enumerate() {
             // A zero-length sequence still gets a piece: its state may change.
             let mut t0 = 0;
             loop {
-                let t1 = (t0 + PIECE_TOKENS).min(s.len);
+                let t1 = (t0 + piece_tokens).min(s.len);
                 pieces.push(Piece { seq: b, t0, t1 });
                 t0 = t1;
                 if t0 >= s.len {
@@ -268,7 +273,7 @@ impl Plan {
                 } else {
                     0
                 };
-            if cost >= GROUP_COST {
+            if cost >= group_cost {
                 groups.push(start..i + 1);
                 start = i + 1;
                 cost = 0;
@@ -298,6 +303,23 @@ impl Plan {
     pub fn tasks(&self) -> usize {
         self.groups.len() * self.channel_blocks
     }
+}
+
+/// Longest piece and group cost for `threads` threads. Up to two threads, [`PIECE_TOKENS`] and
+/// [`GROUP_COST`]. For more, the groups shrink (to [`MIN_GROUP_COST`]) until the tasks a wide
+/// pool wants fit in blocks of at least [`WIDE_CHANNEL_BLOCK`] channels: a task then streams
+/// whole rows of a few KiB, where narrow blocks of many rows cost ~50% more per byte (rows a page
+/// apart each, measured with `--simulate-threads`), and a group only re-reads `W - 1` rows of
+/// history.
+fn token_split(p: &Problem, threads: usize) -> (usize, usize) {
+    if threads <= 2 {
+        return (PIECE_TOKENS, GROUP_COST);
+    }
+    let tokens: usize = p.seqs.iter().map(|s| s.len + 1).sum();
+    let wide_blocks = (p.channels / WIDE_CHANNEL_BLOCK).max(1);
+    let groups = (TASKS_PER_THREAD * threads).div_ceil(wide_blocks);
+    let cost = (tokens / groups).clamp(MIN_GROUP_COST, GROUP_COST);
+    (PIECE_TOKENS.min(cost), cost)
 }
 
 /// Runs task `i` of a plan (the vector kernels; one entry per ISA and dtype pair).
@@ -501,23 +523,46 @@ mod tests {
         assert_eq!((split.channel_blocks, split.block), (8, 576));
         let one = Plan::new(&wide, 1);
         assert_eq!((one.channel_blocks, one.block), (1, 4160));
-        let mut covered = vec![0usize; lens.len()];
-        let mut expect_next = vec![0usize; lens.len()];
-        let mut count_pieces = vec![0usize; lens.len()];
-        for g in &plan.groups {
-            for pc in &plan.pieces[g.clone()] {
-                assert_eq!(pc.t0, expect_next[pc.seq]);
-                assert!(pc.t1 - pc.t0 <= PIECE_TOKENS);
-                expect_next[pc.seq] = pc.t1;
-                covered[pc.seq] += pc.t1 - pc.t0;
-                count_pieces[pc.seq] += 1;
+        for threads in [1, 2, 3, 16, 64] {
+            let plan = Plan::new(&problem(&lens, true), threads);
+            let mut covered = vec![0usize; lens.len()];
+            let mut expect_next = vec![0usize; lens.len()];
+            let mut count_pieces = vec![0usize; lens.len()];
+            for g in &plan.groups {
+                for pc in &plan.pieces[g.clone()] {
+                    assert_eq!(pc.t0, expect_next[pc.seq]);
+                    assert!(pc.t1 - pc.t0 <= PIECE_TOKENS);
+                    expect_next[pc.seq] = pc.t1;
+                    covered[pc.seq] += pc.t1 - pc.t0;
+                    count_pieces[pc.seq] += 1;
+                }
             }
+            assert_eq!(covered, lens, "{threads} threads");
+            assert!(
+                count_pieces.iter().all(|&n| n >= 1),
+                "zero-length sequences keep a piece"
+            );
+            assert_eq!(plan.groups.last().unwrap().end, plan.pieces.len());
         }
-        assert_eq!(covered, lens);
-        assert!(
-            count_pieces.iter().all(|&n| n >= 1),
-            "zero-length sequences keep a piece"
+    }
+
+    #[test]
+    fn a_wide_pool_gets_enough_tasks_of_whole_kib_rows() {
+        let mut long = problem(&[2048], true);
+        long.channels = 8192;
+        for (threads, tasks) in [(2, 8), (16, 64), (64, 256)] {
+            let plan = Plan::new(&long, threads);
+            assert!(plan.tasks() >= tasks, "{threads}: {} tasks", plan.tasks());
+            assert!(
+                plan.block >= WIDE_CHANNEL_BLOCK,
+                "{threads}: {}",
+                plan.block
+            );
+        }
+        assert_eq!(
+            Plan::new(&long, 2).groups.len(),
+            4,
+            "two threads: as before"
         );
-        assert_eq!(plan.groups.last().unwrap().end, plan.pieces.len());
     }
 }

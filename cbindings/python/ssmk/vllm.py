@@ -329,6 +329,55 @@ def _make_gdn_nonspec(st):
     return cpu_gdn_attention_nonspec_ssmk
 
 
+def _register_kda(st):
+    """Kimi Delta Attention's step (vLLM 0.32 has no CPU path: the layer calls Triton kernels)."""
+    import torch
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.layers.mamba.gdn import kimi_gdn_linear_attn as kimi
+
+    def forward_ssmk(self, mixed_qkv, g1, g2, beta, core_attn_out):
+        """Conv (decodes as length-1 sequences), gates, delta rule with per-channel decay; in
+        place on vLLM's pools, then the gated output norm as vLLM does."""
+        md = get_forward_context().attn_metadata
+        md = md.get(self.prefix) if md is not None else None
+        if md is None:  # profile / warm-up run: no state
+            return
+        assert md.spec_sequence_masks is None and md.num_accepted_tokens is None, (
+            "speculative decode not supported without a wide conv-state cache.")
+        _calls["kda"] += 1
+        n = md.num_actual_tokens
+        nd, n_prefills = md.num_decodes, md.num_prefills
+        qsl = md.non_spec_query_start_loc[: nd + n_prefills + 1]
+        idx = _flat_indices(md.non_spec_state_indices_tensor)[: nd + n_prefills]
+        cache = _step_cache(md)
+        his = cache.get("gdn_his")
+        if his is None:
+            his = torch.ones(nd + n_prefills, dtype=torch.bool, device=mixed_qkv.device)
+            if n_prefills:
+                his[nd:] = md.has_initial_state[nd: nd + n_prefills]
+            cache["gdn_his"] = his
+        weight = getattr(self, "_ssmk_conv_weight", None)
+        if weight is None:  # vLLM keeps the conv weight in f32; the checkpoint's are x's dtype
+            weight = _conv_weight(self.conv1d).to(mixed_qkv.dtype).contiguous()
+            self._ssmk_conv_weight = weight
+        conv_state, pool = self.kv_cache
+        threads = _threads(n_prefills)
+        conv_out = st.causal_conv1d_fwd(mixed_qkv[:n].contiguous(), weight, None,
+                                        _sd(conv_state) if _conv_dim_first() else conv_state,
+                                        qsl, idx, his, activation="silu", num_threads=threads)
+        h, d = self.local_num_heads, self.head_dim
+        q, k, v = (t.view(n, h, d) for t in conv_out.split(h * d, dim=-1))
+        lower_bound = self.gate_lower_bound if self.gate_lower_bound is not None else 0.0
+        g, b = st.kda_gating(self.A_log, g1[0, :n].contiguous(), self.dt_bias, lower_bound,
+                             beta[0, :n].contiguous(), num_threads=threads)
+        st.gated_delta_rule(q, k, v, g, b, state=pool, cu_seqlens=qsl, state_indices=idx,
+                            has_initial_state=his, qk_l2norm=True, l2norm_eps=1e-6,
+                            out=core_attn_out[0, :n], num_threads=threads)
+        core_attn_out.copy_(self.o_norm(core_attn_out, g2))
+
+    kimi.KimiGatedDeltaNetAttention._forward = forward_ssmk
+
+
 def _conv_dim_first():
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
@@ -689,6 +738,8 @@ def _install():
 
     _register_short_conv(st)
     _patched.append("short_conv")
+    _register_kda(st)
+    _patched.append("kda")
 
     _register_mamba_mixer2(st, NULL_BLOCK_ID)
     _patched.append("mamba2")

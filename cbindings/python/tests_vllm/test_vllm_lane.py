@@ -375,7 +375,7 @@ load_general_plugins()  # through the installed entry point
 import ssmk.vllm as sv
 print("PATCHED", ",".join(sv.patched()))
 """
-ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,mamba2,mamba1,mamba2_prefill,"
+ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,kda,mamba2,mamba1,mamba2_prefill,"
              "mamba2_decode,batch_memcpy,zero_blocks")
 
 

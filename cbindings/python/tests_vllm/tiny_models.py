@@ -85,16 +85,22 @@ def nemotron_h_config(hidden=64, pattern="M*M-", heads=4, head=16, state=16, gro
 def kimi_linear_config(hidden=64, layers=4, **kw):
     from transformers import KimiLinearConfig
 
+    types = [("full_attention" if i % 4 == 3 else "linear_attention") for i in range(layers)]
     return KimiLinearConfig(**_common(
         hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=32,
-        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=32,
-        q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=512,
+        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
         num_experts=4, num_experts_per_token=2, num_shared_experts=1,
-        mlp_layer_types=["dense"] * layers, linear_head_dim=32, linear_num_heads=2,
-        linear_conv_kernel_dim=4,
-        layer_types=[("full_attention" if i % 4 == 3 else "linear_attention")
-                     for i in range(layers)],
-        architectures=["KimiLinearForCausalLM"], **kw))
+        mlp_layer_types=["dense"] * layers, first_k_dense_replace=layers, moe_layer_freq=1,
+        linear_head_dim=32, linear_num_heads=2, linear_conv_kernel_dim=4,
+        layer_types=types,
+        # vLLM reads the checkpoint's own format: 1-based KDA / MLA layer lists and a NoPE MLA
+        # (transformers' MLA applies no rotary either).
+        linear_attn_config=dict(
+            kda_layers=[i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+            full_attn_layers=[i + 1 for i, t in enumerate(types) if t == "full_attention"],
+            num_heads=2, head_dim=32, short_conv_kernel_size=4),
+        mla_use_nope=True, architectures=["KimiLinearForCausalLM"], **kw))
 
 
 def jamba_config(hidden=64, layers=4, state=16, expand=2, **kw):
@@ -139,5 +145,19 @@ def build(family, root, seed=0, **kw):
                 if p.dim() >= 2:
                     p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)
         model.save_pretrained(path)
+        if family == "kimi_linear":
+            _dense_mlp_names(path)
         save_tokenizer(path)
     return path, dtype
+
+
+def _dense_mlp_names(path):
+    """transformers saves Kimi Linear's dense MLPs under ``block_sparse_moe.`` (its reverse of the
+    MoE renaming); the released checkpoints, and vLLM, name them ``mlp.``, which transformers
+    loads as well."""
+    from safetensors.torch import load_file, save_file
+
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    save_file({k.replace(".block_sparse_moe.", ".mlp."): v for k, v in tensors.items()}, file,
+              metadata={"format": "pt"})

@@ -232,12 +232,19 @@ def fmt(d):
 
 
 def best_ms(fns, reps):
-    """Best wall time in ms of each function; one warm-up call each, then ``reps`` rounds."""
+    """Best wall time in ms of each function; one warm-up call each, then ``reps`` rounds, the
+    contenders in turn within a round (a busy machine slows them alike). Each timed call follows
+    an untimed call of the same function: after vLLM's op torch's OpenMP workers spin for a
+    while, and a call timed right after it finds the second core taken (ssmk's 2-thread B=64
+    decode: 9.2 ms that way, 8.2-8.5 ms on its own). In a model a step's torch ops leave the same
+    spinning workers behind, which is why the vLLM plugin runs decodes on the calling thread
+    (``SSMK_VLLM_DECODE_THREADS``, default 1)."""
     best = {k: math.inf for k in fns}
     for fn in fns.values():
         fn()
     for _ in range(reps):
         for k, fn in fns.items():
+            fn()
             t0 = time.perf_counter()
             fn()
             best[k] = min(best[k], time.perf_counter() - t0)

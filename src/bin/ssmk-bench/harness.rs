@@ -146,25 +146,6 @@ impl Memcpy {
         median((0..cfg.samples().0).map(|_| self.copy()).collect())
     }
 
-    /// Median bandwidth of copies split between `threads` threads (each copies its share at
-    /// once): how much a socket's shared memory path gives a second core.
-    pub fn gbps_threads(&mut self, cfg: &Config, threads: usize) -> f64 {
-        let share = self.src.len().div_ceil(threads);
-        let samples = (0..cfg.samples().0)
-            .map(|_| {
-                let t = Instant::now();
-                std::thread::scope(|scope| {
-                    for (dst, src) in self.dst.chunks_mut(share).zip(self.src.chunks(share)) {
-                        scope.spawn(move || dst.copy_from_slice(src));
-                    }
-                });
-                std::hint::black_box(&self.dst);
-                2.0 * self.src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
-            })
-            .collect();
-        median(samples)
-    }
-
     /// Median seconds per call of `f` (as [`time`]), and the median memcpy bandwidth of copies
     /// made between its samples.
     pub fn time_beside(&mut self, cfg: &Config, f: impl FnMut()) -> (f64, f64) {
@@ -392,8 +373,6 @@ pub struct Report {
     pub simulations: Vec<String>,
     /// What the simulation charges a pass per helper it wakes.
     pub hand_off_seconds: f64,
-    /// Copy bandwidth (GB/s) on 1 and on 2 threads, for the simulation's 2-thread roof.
-    pub copy_gbps: (f64, f64),
 }
 
 impl Report {

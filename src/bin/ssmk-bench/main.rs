@@ -71,7 +71,6 @@ fn main() {
         fma_peak_gflops: harness::fma_peak_gflops(&cfg),
         simulations: Vec::new(),
         hand_off_seconds: 0.0,
-        copy_gbps: (0.0, 0.0),
     };
     report.fact(
         "ssmk",
@@ -93,8 +92,6 @@ fn main() {
             "hand_off_us",
             format!("{:.2}", report.hand_off_seconds * 1e6),
         );
-        report.copy_gbps = (memcpy_gbps, report.memcpy.gbps_threads(&cfg, 2));
-        report.fact("copy_gbps_2t", format!("{:.2}", report.copy_gbps.1));
         println!(
             "# simulated workers {:?}: predicted speed-up over 1 thread (and per worker), tasks, \
              critical path share, bandwidth the predicted speed needs",

@@ -11,11 +11,6 @@
 //! hand-off later. Work the call does outside its passes (validation, planning, calls small
 //! enough to stay on the calling thread) is serial.
 //!
-//! The check against the real 2-thread run adds the one shared resource this machine has: the
-//! prediction is bounded by the call's bytes over a roof, the same-run 2-thread copy bandwidth
-//! scaled by how much faster than a copy the call streams on one thread (at least 1x). Rows
-//! print the replay alone beside it.
-//!
 //! `SSMK_SIM_VERBOSE=1` also prints each pass's task count, sum, longest task and makespan.
 //!
 //! What the replay ignores: shared caches and memory bandwidth (a task takes as long on a busy
@@ -194,14 +189,7 @@ pub fn row(
     let (real1, real2) = (Ctx::new(1), Ctx::new(2));
     let measured_1t = time(cfg, || call(&real1));
     let measured_2t = measured_1t / time(cfg, || call(&real2));
-    // The 2-thread check adds the one bound this machine can measure: two cores share one
-    // memory path. The call cannot move its bytes faster than the 2-thread copy bandwidth,
-    // scaled by how much faster than a copy it streams on one thread (an in-place update writes
-    // back lines it read; a copy also reads the lines it writes).
-    let (copy_1t, copy_2t) = report.copy_gbps;
-    let roof_gbps = copy_2t * (bytes / measured_1t / 1e9 / copy_1t).max(1.0);
-    let replay_2t = Recording::of(cfg, 2, &mut call).replay(2, hand_off);
-    let predicted_2t = base / replay_2t.max(bytes / roof_gbps / 1e9);
+    let predicted_2t = base / Recording::of(cfg, 2, &mut call).replay(2, hand_off);
     let mut cells = Vec::new();
     let mut json = Vec::new();
     for &p in &cfg.simulate {
@@ -237,16 +225,14 @@ pub fn row(
         ));
     }
     println!(
-        "{op:<34} {shape:<38} 1t {:>8.3} ms, {:.1} MB moved; 2t predicted {predicted_2t:.2}x (replay {:.2}x, roof {roof_gbps:.0} GB/s) measured {measured_2t:.2}x ({:+.0}%)\n    {}",
+        "{op:<34} {shape:<38} 1t {:>8.3} ms, {:.1} MB moved; 2t predicted {predicted_2t:.2}x measured {measured_2t:.2}x ({:+.0}%)\n    {}",
         base * 1e3,
         bytes / 1e6,
-        base / replay_2t,
         100.0 * (predicted_2t / measured_2t - 1.0),
         cells.join("\n    ")
     );
     report.simulations.push(format!(
-        "{{\"op\": \"{op}\", \"shape\": \"{shape}\", \"seconds_1t\": {base:e}, \"bytes\": {bytes:.0}, \"predicted_2t\": {predicted_2t:.3}, \"replay_2t\": {:.3}, \"roof_gbps_2t\": {roof_gbps:.1}, \"measured_2t\": {measured_2t:.3}, \"simulated\": [{}]}}",
-        base / replay_2t,
+        "{{\"op\": \"{op}\", \"shape\": \"{shape}\", \"seconds_1t\": {base:e}, \"bytes\": {bytes:.0}, \"predicted_2t\": {predicted_2t:.3}, \"measured_2t\": {measured_2t:.3}, \"simulated\": [{}]}}",
         json.join(", ")
     ));
 }

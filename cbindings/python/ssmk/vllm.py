@@ -287,25 +287,32 @@ def _make_conv_update(st, original, null_block_id):
 # Gated DeltaNet (Qwen3.5, Qwen3-Next)
 
 
+def _delta_rule_step(md, seam, device):
+    """The sequences of a GDN or KDA layer step from vLLM's metadata (decodes first, as length-1
+    sequences continuing their state): tokens, prefills, query_start_loc, slots and
+    has_initial_state, the last built once per step. Counts a call of ``seam``."""
+    assert md.spec_sequence_masks is None and md.num_accepted_tokens is None, (
+        "speculative decode not supported without a wide conv-state cache.")
+    _calls[seam] += 1
+    nd, n_prefills = md.num_decodes, md.num_prefills
+    qsl = md.non_spec_query_start_loc[: nd + n_prefills + 1]
+    idx = _flat_indices(md.non_spec_state_indices_tensor)[: nd + n_prefills]
+    cache = _step_cache(md)
+    his = cache.get("gdn_his")
+    if his is None:
+        import torch
+
+        his = torch.ones(nd + n_prefills, dtype=torch.bool, device=device)
+        if n_prefills:
+            his[nd:] = md.has_initial_state[nd: nd + n_prefills]
+        cache["gdn_his"] = his
+    return md.num_actual_tokens, n_prefills, qsl, idx, his
+
+
 def _make_gdn_nonspec(st):
     def cpu_gdn_attention_nonspec_ssmk(layer, md, mixed_qkv, b, a, core_attn_out):
         """One layer step: conv (decodes as length-1 sequences), gates, delta rule; in place."""
-        assert md.spec_sequence_masks is None and md.num_accepted_tokens is None, (
-            "speculative decode not supported without a wide conv-state cache.")
-        _calls["gdn"] += 1
-        n = md.num_actual_tokens
-        nd, n_prefills = md.num_decodes, md.num_prefills
-        qsl = md.non_spec_query_start_loc[: nd + n_prefills + 1]
-        idx = _flat_indices(md.non_spec_state_indices_tensor)[: nd + n_prefills]
-        cache = _step_cache(md)
-        his = cache.get("gdn_his")
-        if his is None:
-            import torch
-
-            his = torch.ones(nd + n_prefills, dtype=torch.bool, device=mixed_qkv.device)
-            if n_prefills:
-                his[nd:] = md.has_initial_state[nd: nd + n_prefills]
-            cache["gdn_his"] = his
+        n, n_prefills, qsl, idx, his = _delta_rule_step(md, "gdn", mixed_qkv.device)
         x = mixed_qkv[:n]
         conv_out = st.causal_conv1d_fwd(x, _conv_weight(layer.conv1d), layer.conv1d.bias,
                                         _sd(layer.kv_cache[0]) if _conv_dim_first()
@@ -331,7 +338,6 @@ def _make_gdn_nonspec(st):
 
 def _register_kda(st):
     """Kimi Delta Attention's step (vLLM 0.32 has no CPU path: the layer calls Triton kernels)."""
-    import torch
     from vllm.forward_context import get_forward_context
     from vllm.model_executor.layers.mamba.gdn import kimi_gdn_linear_attn as kimi
 
@@ -342,20 +348,7 @@ def _register_kda(st):
         md = md.get(self.prefix) if md is not None else None
         if md is None:  # profile / warm-up run: no state
             return
-        assert md.spec_sequence_masks is None and md.num_accepted_tokens is None, (
-            "speculative decode not supported without a wide conv-state cache.")
-        _calls["kda"] += 1
-        n = md.num_actual_tokens
-        nd, n_prefills = md.num_decodes, md.num_prefills
-        qsl = md.non_spec_query_start_loc[: nd + n_prefills + 1]
-        idx = _flat_indices(md.non_spec_state_indices_tensor)[: nd + n_prefills]
-        cache = _step_cache(md)
-        his = cache.get("gdn_his")
-        if his is None:
-            his = torch.ones(nd + n_prefills, dtype=torch.bool, device=mixed_qkv.device)
-            if n_prefills:
-                his[nd:] = md.has_initial_state[nd: nd + n_prefills]
-            cache["gdn_his"] = his
+        n, n_prefills, qsl, idx, his = _delta_rule_step(md, "kda", mixed_qkv.device)
         weight = getattr(self, "_ssmk_conv_weight", None)
         if weight is None:  # vLLM keeps the conv weight in f32; the checkpoint's are x's dtype
             weight = _conv_weight(self.conv1d).to(mixed_qkv.dtype).contiguous()

@@ -193,12 +193,17 @@ pub(crate) fn every_call_parallel() -> bool {
     EVERY_CALL_PARALLEL.get()
 }
 
-/// Work that moves fewer bytes than this (2 MiB) stays on the calling thread: about 60 us at the
-/// ~35 GB/s one core streams a decode's state, where handing out and joining a pass costs 10 us
-/// with the pool's workers still spinning and 20-25 us once they sleep (measured on the
-/// development VM, Zen 5), so two threads could save at most the wake-up they pay. A decode of one
-/// Mamba-1 layer (1 MiB of state) stays; one of Gated DeltaNet or Mamba-2 (4-8 MiB) spreads.
-pub(crate) const MIN_PARALLEL_BYTES: usize = 2 << 20;
+/// Work that moves fewer bytes than this (12 MiB) stays on the calling thread. Measured on the
+/// development VM (Zen 5, 2 vCPUs; `ssmk-bench` decode rows, 1 -> 2 threads): with the state in
+/// memory and the helper asleep (a `cold` row: as a layer's decode finds them between the steps
+/// of a model) two threads gained nothing up to 17 MB moved (Gated DeltaNet B = 1, 2, 4: 90 ->
+/// 84-108, 158 -> 163, 315 -> 315 us; Mamba-2 B = 1, 2: 170-176 -> 175-187, 310 -> 333 us): a
+/// helper woken by an IPI to a halted vCPU arrives when the work is done, and the caller has
+/// paid for waking it. Called back to back (state in cache, helper spinning) two threads gained
+/// (Mamba-2 B = 1: 140 -> 86 us) or lost (Gated DeltaNet B = 1: 51 -> 33-67 us, dirty state
+/// lines moving between the cores' L2s as the claims fall). So single-sequence decodes of every
+/// family (4.2-8.4 MB) and Mamba-1's (1 MiB of state) stay; larger batches spread.
+pub(crate) const MIN_PARALLEL_BYTES: usize = 12 << 20;
 
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.
 pub fn default_threads() -> usize {

@@ -34,7 +34,7 @@ impl ssmk_context {
 ///        0 means the default: the environment variable `SSMK_NUM_THREADS`, else the number of
 ///        cores. Results are bitwise identical for every thread count. Calls too small to gain
 ///        from more threads (conv and ShortConv: under 131072 outputs, i.e. tokens x channels;
-///        the delta rule and the scan without a chunked sequence, e.g. a decode: under 2 MiB of
+///        the delta rule and the scan without a chunked sequence, e.g. a decode: under 12 MiB of
 ///        state read and written) run on the calling thread whatever the count. The calling
 ///        thread is one of a call's `num_threads` workers (the pool holds `num_threads - 1`
 ///        threads): it wakes at most two pool threads, each of which wakes at most two more,

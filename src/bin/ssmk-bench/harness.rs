@@ -96,6 +96,27 @@ pub fn time_slow(cfg: &Config, mut f: impl FnMut()) -> f64 {
     median(times)
 }
 
+/// Median of single calls, each after writing a buffer larger than the L3 of any CPU this runs
+/// on and a pause: the call finds its state in memory and the pool's helpers asleep, as a
+/// decode of one layer does between the steps of a model (every other layer's weights pass
+/// through the caches in between). [`time`] repeats calls back to back: state in cache, helpers
+/// spinning.
+pub fn time_cold(cfg: &Config, mut f: impl FnMut()) -> f64 {
+    let mut evict = vec![0u8; 256 << 20];
+    f();
+    let times: Vec<f64> = (0..cfg.pick(41, 5))
+        .map(|i| {
+            evict.iter_mut().step_by(64).for_each(|b| *b = i as u8);
+            std::hint::black_box(&evict);
+            std::thread::sleep(Duration::from_millis(5));
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    median(times)
+}
+
 /// Panics with the library's message unless `status` is SSMK_OK (the bench only runs valid calls).
 pub fn ok(status: i32) {
     if status != 0 {

@@ -8,7 +8,7 @@ use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
-use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_ab, time_slow};
+use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_ab, time_cold, time_slow};
 use crate::simulate;
 
 /// The layers' causal conv width.
@@ -198,7 +198,28 @@ pub fn decode_rows(
         r.vs_reference = Some(reference / t);
         report.push_against(r, "memcpy", memcpy);
     }
+    // A state that fits in the caches is timed again from memory, the helpers asleep.
+    if state_bytes > COLD_ROW_MAX_STATE_BYTES {
+        return;
+    }
+    for &threads in &cfg.threads {
+        let ctx = Ctx::new(threads);
+        let t = time_cold(cfg, || call(Isa::active(), &ctx));
+        report.push(Row::new(
+            op,
+            format!("{shape} cold"),
+            "bf16 in/f32 state",
+            threads,
+            t,
+            Work::Bytes(state_bytes),
+            "state from memory, helpers asleep (caches overwritten before each call)".into(),
+        ));
+    }
 }
+
+/// Decode rows whose state (read + written) is at most this also get a cold row: larger ones
+/// stream from memory in the timed row already.
+const COLD_ROW_MAX_STATE_BYTES: f64 = 32e6;
 
 /// Where prefix caching stores states (ABI.md §4.10): every this many tokens (vLLM's CPU block).
 pub const CHECKPOINT_EVERY: usize = 128;

@@ -205,6 +205,13 @@ pub(crate) fn every_call_parallel() -> bool {
 /// family (4.2-8.4 MB) and Mamba-1's (1 MiB of state) stay; larger batches spread.
 pub(crate) const MIN_PARALLEL_BYTES: usize = 12 << 20;
 
+/// [`MIN_PARALLEL_BYTES`] on a team of the process's OpenMP threads (`SSMK_POOL=openmp`): in a
+/// runtime that runs its own work on them they are spinning from its last parallel region, so a
+/// team starts in microseconds, and a decode moving more than about 60 us of one core's streaming
+/// (2 MiB) gains from it (a one-sequence Gated DeltaNet decode in vLLM, measured in README
+/// "vLLM").
+pub(crate) const MIN_PARALLEL_BYTES_OPENMP: usize = 2 << 20;
+
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.
 pub fn default_threads() -> usize {
     std::env::var("SSMK_NUM_THREADS")
@@ -219,6 +226,9 @@ pub fn default_threads() -> usize {
 pub struct Context {
     threads: usize,
     pool: OnceLock<Option<rayon::ThreadPool>>,
+    /// The process's OpenMP runtime, when `SSMK_POOL=openmp` asked for it at creation and the
+    /// process has one: calls then spread over its threads instead of the private pool.
+    openmp: Option<GompParallel>,
     /// Set on a [`Context::recording`] context: the passes its calls ran.
     recorder: Option<Mutex<Vec<Pass>>>,
 }
@@ -242,6 +252,7 @@ impl Context {
         Context {
             threads,
             pool: OnceLock::new(),
+            openmp: openmp_requested().then(process_openmp).flatten(),
             recorder: None,
         }
     }
@@ -291,7 +302,11 @@ impl Context {
     /// [`Context::for_each`] for work that moves about `bytes` (state read and written, rows in
     /// and out): below [`MIN_PARALLEL_BYTES`] the tasks run in order on the calling thread.
     pub fn for_each_moving(&self, n: usize, bytes: usize, task: impl Fn(usize) + Send + Sync) {
-        match bytes < MIN_PARALLEL_BYTES && !every_call_parallel() {
+        let least = match self.openmp {
+            Some(_) => MIN_PARALLEL_BYTES_OPENMP,
+            None => MIN_PARALLEL_BYTES,
+        };
+        match bytes < least && !every_call_parallel() {
             true => (0..n).for_each(task),
             false => self.for_each(n, task),
         }
@@ -320,6 +335,9 @@ impl Context {
             let mut passes = recorder.lock().unwrap_or_else(|e| e.into_inner());
             passes.push(Pass { task_seconds });
             return;
+        }
+        if let (Some(gomp), true) = (self.openmp, self.threads > 1 && n > 1) {
+            return run_on_openmp(gomp, self.threads.min(n), n, &task);
         }
         let pool = match self.threads > 1 && n > 1 {
             true => self.pool(),
@@ -368,6 +386,77 @@ impl Context {
         if claims.panicked.load(Ordering::SeqCst) {
             resume_unwind(Box::new("a task panicked on a pool thread"));
         }
+    }
+}
+
+/// libgomp's entry point of a parallel region: runs `f(data)` on a team of up to `num_threads`
+/// threads, the caller among them, and returns when all have returned.
+type GompParallel = unsafe extern "C" fn(
+    f: unsafe extern "C" fn(*mut std::ffi::c_void),
+    data: *mut std::ffi::c_void,
+    num_threads: std::ffi::c_uint,
+    flags: std::ffi::c_uint,
+);
+
+/// Whether `SSMK_POOL=openmp` is set: a runtime whose own work runs on OpenMP (torch, and so
+/// vLLM) keeps one set of threads busy on its cores. Two pools on the same cores fight: after
+/// each GEMM torch's workers spin on their cores, pinned, so ssmk's helpers wait for a timeslice
+/// (measured in README "vLLM").
+fn openmp_requested() -> bool {
+    std::env::var("SSMK_POOL").is_ok_and(|v| v == "openmp")
+}
+
+/// `GOMP_parallel` of the libgomp already loaded in the process (torch loads it with global
+/// symbols), if any. ssmk never loads an OpenMP runtime itself.
+fn process_openmp() -> Option<GompParallel> {
+    static GOMP: OnceLock<Option<GompParallel>> = OnceLock::new();
+    *GOMP.get_or_init(|| {
+        // SAFETY: dlsym with RTLD_DEFAULT only looks the name up among loaded objects.
+        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"GOMP_parallel".as_ptr()) };
+        // SAFETY: libgomp's GOMP_parallel has this signature in every version that exports it.
+        (!symbol.is_null())
+            .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, GompParallel>(symbol) })
+    })
+}
+
+/// One pass on an OpenMP team: every member claims tasks as the private pool's workers do.
+struct OpenMpPass<'a> {
+    claims: Claims,
+    task: &'a (dyn Fn(usize) + Sync),
+    n: usize,
+    workers: usize,
+}
+
+/// The body each member of the team runs; a panic must not unwind into libgomp.
+unsafe extern "C" fn openmp_member(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the `OpenMpPass` of `run_on_openmp`, alive until GOMP_parallel returns.
+    let pass = unsafe { &*data.cast::<OpenMpPass>() };
+    let run = || pass.claims.run(pass.task, pass.n, pass.workers);
+    if catch_unwind(AssertUnwindSafe(run)).is_err() {
+        pass.claims.panicked.store(true, Ordering::SeqCst);
+    }
+}
+
+/// [`Context::for_each`] on a team of the process's OpenMP threads. The team's threads are
+/// already awake when the runtime has just run a parallel region (its workers spin a while
+/// after each); the region ends when every member has returned.
+fn run_on_openmp(gomp: GompParallel, workers: usize, n: usize, task: &(dyn Fn(usize) + Sync)) {
+    let pass = OpenMpPass {
+        claims: Claims {
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+        },
+        task,
+        n,
+        workers,
+    };
+    let data = (&pass as *const OpenMpPass).cast_mut().cast();
+    // SAFETY: `openmp_member` only reads `pass` through `data`, which outlives the region.
+    unsafe { gomp(openmp_member, data, workers as std::ffi::c_uint, 0) };
+    if pass.claims.panicked.load(Ordering::SeqCst) {
+        resume_unwind(Box::new("a task panicked on an OpenMP thread"));
     }
 }
 

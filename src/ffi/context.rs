@@ -38,7 +38,11 @@ impl ssmk_context {
 ///        state read and written) run on the calling thread whatever the count. The calling
 ///        thread is one of a call's `num_threads` workers (the pool holds `num_threads - 1`
 ///        threads): it wakes at most two pool threads, each of which wakes at most two more,
-///        starts at once and never waits for one to wake.
+///        starts at once and never waits for one to wake. With the environment variable
+///        `SSMK_POOL=openmp` at creation, a context whose process has an OpenMP runtime loaded
+///        (libgomp's `GOMP_parallel` among its global symbols, e.g. once torch is imported)
+///        spreads its calls over a team of that runtime's threads instead, so that ssmk and the
+///        runtime share one set of threads; the team's end waits for every member.
 /// @return a new context owned by the caller (free it with ssmk_context_destroy), or NULL if
 ///         memory could not be allocated.
 #[unsafe(no_mangle)]

@@ -116,6 +116,9 @@ def register() -> None:
         if not current_platform.is_cpu():
             logger.info("ssmk.vllm: platform is not CPU: nothing patched")
             return
+        # ssmk's calls run on torch's OpenMP threads rather than a second pool on the same
+        # cores (read when ssmk.torch creates a context; SSMK_POOL=ssmk keeps the private pool).
+        os.environ.setdefault("SSMK_POOL", "openmp")
         _install()
         logger.info("ssmk.vllm: libssmk %s (%s) serves vLLM %s: %s", _ssmk_version(),
                     _active_isa(), version, ", ".join(_patched))
@@ -177,7 +180,15 @@ def _threads(n_prefills):
     return 0 if n_prefills else _decode_threads
 
 
-_decode_threads = max(0, int(os.environ.get("SSMK_VLLM_DECODE_THREADS", "1") or 0))
+def _decode_threads_default():
+    """0 (as prefills) on torch's OpenMP threads (``SSMK_POOL=openmp``, the plugin's default):
+    they are spinning from vLLM's last GEMM; 1 with ssmk's private pool, whose helpers would
+    wait for those cores."""
+    return "0" if os.environ.get("SSMK_POOL", "openmp") == "openmp" else "1"
+
+
+_decode_threads = max(0, int(os.environ.get("SSMK_VLLM_DECODE_THREADS",
+                                            _decode_threads_default()) or 0))
 
 
 def _activation(activation):

@@ -6,6 +6,7 @@ From a source tree instead: SSMK_LIBRARY=target/release/libssmk.so PYTHONPATH=cb
 """
 
 import math
+import json
 import os
 import subprocess
 import sys
@@ -584,6 +585,37 @@ class Threads(unittest.TestCase):
             outs.append(st.gated_delta_rule(q, k, v, g, beta, None, state, cu, num_threads=n))
             states.append(state)
         self.assertTrue(torch.equal(outs[0], outs[1]) and torch.equal(states[0], states[1]))
+
+    def test_openmp_pool_runs_on_torchs_threads_with_the_same_bits(self):
+        # SSMK_POOL is read when a context is created: each setting in a fresh process.
+        code = """if True:
+            import json, os, torch, ssmk.torch as st
+            g = torch.Generator().manual_seed(5)
+            q, k, v = (torch.randn(300, 2, 32, generator=g) for _ in range(3))
+            gate, beta = -torch.rand(300, 4, generator=g), torch.rand(300, 4, generator=g)
+            cu = torch.tensor([0, 100, 299, 300], dtype=torch.int32)
+            runs = []
+            for n in (1, 2):
+                state = torch.zeros(3, 4, 32, 32)
+                out = st.gated_delta_rule(q, k, v, gate, beta, None, state, cu, num_threads=n)
+                runs.append((out, state))
+            tasks = os.listdir("/proc/self/task")
+            names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks]
+            print(json.dumps({
+                "equal": all(torch.equal(a, b) for a, b in zip(*runs)),
+                "private_pool_threads": sum(n.startswith("ssmk-") for n in names)}))
+        """
+        for pool in ("openmp", "ssmk"):
+            env = dict(os.environ, SSMK_POOL=pool)
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                 text=True)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            self.assertTrue(got["equal"], pool)
+            if pool == "openmp":
+                self.assertEqual(got["private_pool_threads"], 0)
+            else:
+                self.assertGreater(got["private_pool_threads"], 0)
 
 
 def hybrid_layer(proj, conv_w, conv_states, A_log, a, b, dt_bias, state, init, H, K, V):

@@ -35,9 +35,11 @@ Seams (vLLM 0.32, ``mamba/`` = ``vllm/model_executor/layers/mamba/``):
 nothing patched. :func:`patched` lists the seams replaced in this process (logged once);
 :func:`calls` counts the calls each seam served with ssmk and :func:`fallbacks` the calls it
 handed back to vLLM's own code (cases ssmk's path does not take, e.g. a speculative-decode
-Mamba-2 step whose source and destination slots differ). Calls with a prefill in them run on
-``torch.get_num_threads()`` threads, calls without one (decode steps) on the calling thread
-(``SSMK_VLLM_DECODE_THREADS``: default 1; 0 = as prefills).
+Mamba-2 step whose source and destination slots differ). ssmk's calls run on torch's OpenMP
+threads (``SSMK_POOL=openmp``, set unless already set: one set of threads on the cores, not two
+fighting), on ``torch.get_num_threads()`` of them; ``SSMK_POOL=ssmk`` keeps ssmk's private pool
+and then runs calls without a prefill (decode steps) on the calling thread
+(``SSMK_VLLM_DECODE_THREADS``: default 0 = as prefills on OpenMP, 1 on the private pool).
 """
 
 import collections
@@ -173,10 +175,11 @@ def _peel(t, ndim):
 
 def _threads(n_prefills):
     """ssmk's ``num_threads`` for a call: 0 (``torch.get_num_threads()``) when a prefill is in it,
-    else ``SSMK_VLLM_DECODE_THREADS`` (default 1: the calling thread). A decode step's kernel
-    work is tens of microseconds per layer, less than handing it to ssmk's pool costs when
-    vLLM's OpenMP workers are still spinning on the other cores after their GEMM (they are
-    pinned there: ssmk's worker waits for a timeslice); measured in README "vLLM"."""
+    else ``SSMK_VLLM_DECODE_THREADS`` (default: 0 on torch's OpenMP team, 1 = the calling thread
+    on ssmk's private pool). A decode step's kernel work is tens of microseconds per layer, less
+    than handing it to ssmk's private pool costs when vLLM's OpenMP workers are still spinning on
+    the other cores after their GEMM (they are pinned there: ssmk's worker waits for a
+    timeslice); an OpenMP team starts on those spinning workers. Measured in README "vLLM"."""
     return 0 if n_prefills else _decode_threads
 
 

@@ -300,7 +300,8 @@ impl Context {
     }
 
     /// [`Context::for_each`] for work that moves about `bytes` (state read and written, rows in
-    /// and out): below [`MIN_PARALLEL_BYTES`] the tasks run in order on the calling thread.
+    /// and out): below [`MIN_PARALLEL_BYTES`] (on an OpenMP team [`MIN_PARALLEL_BYTES_OPENMP`])
+    /// the tasks run in order on the calling thread.
     pub fn for_each_moving(&self, n: usize, bytes: usize, task: impl Fn(usize) + Send + Sync) {
         let least = match self.openmp {
             Some(_) => MIN_PARALLEL_BYTES_OPENMP,
@@ -347,12 +348,7 @@ impl Context {
             (0..n).for_each(task);
             return;
         };
-        let claims = Arc::new(Claims {
-            next: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
-            closed: AtomicBool::new(false),
-            panicked: AtomicBool::new(false),
-        });
+        let claims = Arc::new(Claims::default());
         let job: &(dyn Fn(usize) + Sync) = &task;
         // SAFETY (lifetime): a helper calls `job` only while it is counted in `claims.active`,
         // and only after reading `closed` false; this function sets `closed` and then waits for
@@ -406,17 +402,14 @@ fn openmp_requested() -> bool {
     std::env::var("SSMK_POOL").is_ok_and(|v| v == "openmp")
 }
 
-/// `GOMP_parallel` of the libgomp already loaded in the process (torch loads it with global
-/// symbols), if any. ssmk never loads an OpenMP runtime itself.
+/// `GOMP_parallel` of the libgomp loaded in the process when the context is created (torch
+/// loads it with global symbols), if any. ssmk never loads an OpenMP runtime itself.
 fn process_openmp() -> Option<GompParallel> {
-    static GOMP: OnceLock<Option<GompParallel>> = OnceLock::new();
-    *GOMP.get_or_init(|| {
-        // SAFETY: dlsym with RTLD_DEFAULT only looks the name up among loaded objects.
-        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"GOMP_parallel".as_ptr()) };
-        // SAFETY: libgomp's GOMP_parallel has this signature in every version that exports it.
-        (!symbol.is_null())
-            .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, GompParallel>(symbol) })
-    })
+    // SAFETY: dlsym with RTLD_DEFAULT only looks the name up among loaded objects.
+    let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"GOMP_parallel".as_ptr()) };
+    // SAFETY: libgomp's GOMP_parallel has this signature in every version that exports it.
+    (!symbol.is_null())
+        .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, GompParallel>(symbol) })
 }
 
 /// One pass on an OpenMP team: every member claims tasks as the private pool's workers do.
@@ -442,12 +435,7 @@ unsafe extern "C" fn openmp_member(data: *mut std::ffi::c_void) {
 /// after each); the region ends when every member has returned.
 fn run_on_openmp(gomp: GompParallel, workers: usize, n: usize, task: &(dyn Fn(usize) + Sync)) {
     let pass = OpenMpPass {
-        claims: Claims {
-            next: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
-            closed: AtomicBool::new(false),
-            panicked: AtomicBool::new(false),
-        },
+        claims: Claims::default(),
         task,
         n,
         workers,
@@ -461,6 +449,7 @@ fn run_on_openmp(gomp: GompParallel, workers: usize, n: usize, task: &(dyn Fn(us
 }
 
 /// The shared state of one [`Context::for_each`] pass.
+#[derive(Default)]
 struct Claims {
     /// The next unclaimed task.
     next: AtomicUsize,

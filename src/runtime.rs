@@ -337,12 +337,10 @@ impl Context {
             passes.push(Pass { task_seconds });
             return;
         }
-        if let (Some(gomp), true) = (self.openmp, self.threads > 1 && n > 1) {
-            return run_on_openmp(gomp, self.threads.min(n), n, &task);
-        }
-        let pool = match self.threads > 1 && n > 1 {
-            true => self.pool(),
-            false => None,
+        let pool = match (self.threads > 1 && n > 1, self.openmp) {
+            (false, _) => None,
+            (true, Some(gomp)) => return run_on_openmp(gomp, self.threads.min(n), n, &task),
+            (true, None) => self.pool(),
         };
         let Some(pool) = pool else {
             (0..n).for_each(task);

@@ -12,8 +12,9 @@ Measures prompt tokens/s (``max_tokens=1`` on ``--prompt-len`` token prompts) an
 count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``):
 the fastest of ``--prefill-reps`` prefills after an untimed one of the same length, and the
 fastest of ``--decode-reps`` decode runs less the fastest of as many runs of the prompt alone;
-``--pool-decode`` adds a third run per row with the plugin's decode calls on ssmk's thread pool
-(``SSMK_VLLM_DECODE_THREADS=0``, what the plugin did before it ran them on the calling thread).
+``--pool-decode`` adds a third run per row with ssmk's private pool and the plugin's decode calls
+on it (``SSMK_POOL=ssmk SSMK_VLLM_DECODE_THREADS=0``; the default runs them on torch's OpenMP
+threads).
 
 ``--vllm-isa avx2`` (default) makes vLLM pick its AVX2 build (``_C_AVX2.abi3.so``) and its AVX2
 code paths on an AVX-512 machine, by answering False to torch's AVX-512/AMX capability queries
@@ -146,7 +147,7 @@ def main():
                     env = dict(os.environ, SSMK_VLLM="1" if plugin == "pool" else plugin,
                                OMP_NUM_THREADS=threads, SSMK_NUM_THREADS=threads)
                     if plugin == "pool":
-                        env["SSMK_VLLM_DECODE_THREADS"] = "0"
+                        env.update(SSMK_POOL="ssmk", SSMK_VLLM_DECODE_THREADS="0")
                     if args.vllm_isa == "avx2":
                         env["SSMK_MAX_ISA"] = "avx2"
                     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--family",

@@ -394,6 +394,8 @@ pub struct Report {
     pub simulations: Vec<String>,
     /// What the simulation charges a pass per helper it wakes.
     pub hand_off_seconds: f64,
+    /// What recording a task costs beyond the task (taken off a recorded call's serial part).
+    pub recording_seconds_per_task: f64,
 }
 
 impl Report {

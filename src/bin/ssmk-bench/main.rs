@@ -71,6 +71,7 @@ fn main() {
         fma_peak_gflops: harness::fma_peak_gflops(&cfg),
         simulations: Vec::new(),
         hand_off_seconds: 0.0,
+        recording_seconds_per_task: 0.0,
     };
     report.fact(
         "ssmk",
@@ -91,6 +92,11 @@ fn main() {
         report.fact(
             "hand_off_us",
             format!("{:.2}", report.hand_off_seconds * 1e6),
+        );
+        report.recording_seconds_per_task = simulate::recording_seconds_per_task(&cfg);
+        report.fact(
+            "recording_ns_per_task",
+            format!("{:.1}", report.recording_seconds_per_task * 1e9),
         );
         println!(
             "# simulated workers {:?}: predicted speed-up over 1 thread (and per worker), tasks, \

@@ -36,8 +36,10 @@ impl Recording {
     /// Several recorded calls (after a warm-up call) merged task by task, keeping each task's
     /// shortest time: the split of a call does not change between calls, and on a shared machine
     /// a task the OS preempted would otherwise pose as a long one (and the replay would blame the
-    /// split for it).
-    fn of(cfg: &Config, threads: usize, call: &mut impl FnMut(&Ctx)) -> Recording {
+    /// split for it). `per_task`: what recording one task costs the call beyond the task
+    /// ([`recording_seconds_per_task`]), taken off the serial part (at 256 tasks it was most of
+    /// it, and it would have posed as work no worker can share).
+    fn of(cfg: &Config, threads: usize, per_task: f64, call: &mut impl FnMut(&Ctx)) -> Recording {
         let ctx = Ctx(ssmk_context::recording(threads));
         let runtime = || unsafe { (*ctx.0).runtime() };
         call(&ctx);
@@ -49,8 +51,9 @@ impl Recording {
             let wall = start.elapsed().as_secs_f64();
             let passes = runtime().take_passes();
             let tasks: f64 = passes.iter().flat_map(|p| &p.task_seconds).sum();
+            let count = passes.iter().map(|p| p.task_seconds.len()).sum::<usize>() as f64;
             let run = Recording {
-                serial: (wall - tasks).max(0.0),
+                serial: (wall - tasks - count * per_task).max(0.0),
                 passes,
             };
             best = Some(match best {
@@ -171,6 +174,20 @@ pub fn hand_off_seconds(cfg: &Config) -> f64 {
     })
 }
 
+/// What a recording context adds to a call per task beyond the task itself (its two clock
+/// reads and the bookkeeping), from passes of empty tasks.
+pub fn recording_seconds_per_task(cfg: &Config) -> f64 {
+    const TASKS: usize = 1024;
+    let ctx = Context::recording(64);
+    let pass = time(cfg, || {
+        ctx.for_each(TASKS, |i| {
+            std::hint::black_box(i);
+        });
+        std::hint::black_box(ctx.take_passes());
+    });
+    pass / TASKS as f64
+}
+
 /// One simulation row: `call` recorded at 1 thread and at every simulated count, replayed, and
 /// checked against the real 1- and 2-thread runs. `bytes`: what the call must move at least
 /// (inputs read once, outputs written, states read and written).
@@ -182,18 +199,18 @@ pub fn row(
     bytes: f64,
     mut call: impl FnMut(&Ctx),
 ) {
-    let hand_off = report.hand_off_seconds;
-    let one = Recording::of(cfg, 1, &mut call);
+    let (hand_off, per_task) = (report.hand_off_seconds, report.recording_seconds_per_task);
+    let one = Recording::of(cfg, 1, per_task, &mut call);
     let base = one.total();
     // The real pool, for the check of the 2-thread prediction.
     let (real1, real2) = (Ctx::new(1), Ctx::new(2));
     let measured_1t = time(cfg, || call(&real1));
     let measured_2t = measured_1t / time(cfg, || call(&real2));
-    let predicted_2t = base / Recording::of(cfg, 2, &mut call).replay(2, hand_off);
+    let predicted_2t = base / Recording::of(cfg, 2, per_task, &mut call).replay(2, hand_off);
     let mut cells = Vec::new();
     let mut json = Vec::new();
     for &p in &cfg.simulate {
-        let rec = Recording::of(cfg, p, &mut call);
+        let rec = Recording::of(cfg, p, per_task, &mut call);
         let t = rec.replay(p, hand_off);
         if std::env::var_os("SSMK_SIM_VERBOSE").is_some() {
             eprintln!("  P={p} serial {:.3} ms", rec.serial * 1e3);

@@ -7,9 +7,10 @@ Random-weight models of realistic layer sizes, built locally (tests_vllm/tiny_mo
 * ``lfm2``: hidden 2048, ShortConv and attention layers alternating, ``conv_L_cache`` 3 (f32);
 * ``nemotron_h``: hidden 2048, Mamba-2 64 heads of 64, state 128, 8 groups, ``M*M-`` (f32).
 
-Measures prompt tokens/s (``max_tokens=1`` on ``--prompt-len`` token prompts) and output tokens/s
-(``--out-len`` tokens after a 16-token prompt, decode time only) at each batch size and thread
-count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``):
+Measures prompt tokens/s (``max_tokens=1`` on ``--prompt-len`` token prompts), output tokens/s
+(``--out-len`` tokens after a 16-token prompt, decode time only) and the median time of one
+recurrent layer's decode step (the seam the plugin replaces, timed in place) at each batch size
+and thread count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``):
 the fastest of ``--prefill-reps`` prefills after an untimed one of the same length, and the
 fastest of ``--decode-reps`` decode runs less the fastest of as many runs of the prompt alone;
 ``--pool-decode`` adds a third run per row with ssmk's private pool and the plugin's decode calls
@@ -101,12 +102,65 @@ def child(args):
             times.append(time.perf_counter() - t)
         return min(times)
 
+    steps = layer_step_times(llm, args.family)
     decode_s = best_s(many) - best_s(one)  # minus the prefill + first token
     import ssmk.vllm as sv
 
     print(json.dumps({"prefill_tok_s": args.batch * args.prompt_len / prefill_s,
                       "decode_tok_s": args.batch * (args.out_len - 1) / decode_s,
+                      "layer_step_us": 1e6 * sorted(steps)[len(steps) // 2] if steps else None,
                       "calls": sv.calls()}))
+
+
+def layer_step_times(llm, family):
+    """A list that collects the seconds of every call of the family's recurrent layer step from
+    now on, whichever implementation is installed (vLLM's, or the plugin's): Gated DeltaNet's
+    ``_cpu_gdn_attention_nonspec``, ShortConv's ``forward_native`` less its two projections,
+    MambaMixer2's ``conv_ssm_forward``. Their median over the decode runs is the layer's decode
+    step, in the same process as the throughput and without the GEMMs' run-to-run noise."""
+    times = []
+
+    def timed(f, less=lambda: 0.0):
+        def step(*a, **k):
+            t = time.perf_counter()
+            r = f(*a, **k)
+            times.append(time.perf_counter() - t - less())
+            return r
+
+        return step
+
+    if family == "qwen3_5":
+        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as ga
+
+        ga._cpu_gdn_attention_nonspec = timed(ga._cpu_gdn_attention_nonspec)
+        return times
+    model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+    if family == "lfm2":
+        from vllm.model_executor.layers.mamba.short_conv import ShortConv
+
+        for m in model.modules():
+            if isinstance(m, ShortConv):
+                proj = []
+                for sub in (m.in_proj, m.out_proj):
+                    sub.register_forward_pre_hook(
+                        lambda mod, inp: setattr(mod, "_ssmk_t0", time.perf_counter()))
+                    sub.register_forward_hook(
+                        lambda mod, inp, out, proj=proj: proj.append(
+                            time.perf_counter() - mod._ssmk_t0))
+
+                def less(proj=proj):
+                    spent = sum(proj)
+                    proj.clear()
+                    return spent
+
+                m.forward_native = timed(m.forward_native, less)
+    elif family == "nemotron_h":
+        from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+        for m in model.modules():
+            if isinstance(m, MambaMixer2):
+                m.conv_ssm_forward = timed(m.conv_ssm_forward)
+    return times
 
 
 def main():
@@ -137,8 +191,9 @@ def main():
     rows = []
     pool = args.pool_decode
     print("| family | threads | batch | prompt tok/s vLLM | + ssmk | ratio | output tok/s vLLM "
-          "| + ssmk | ratio |" + (" + ssmk, decode on its pool | ratio |" if pool else ""))
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pool else ""))
+          "| + ssmk | ratio | layer decode step µs vLLM | + ssmk |"
+          + (" + ssmk, decode on its pool | ratio |" if pool else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pool else ""))
     for family in args.families.split(","):
         for threads in args.threads.split(","):
             for batch in args.batches.split(","):
@@ -168,6 +223,7 @@ def main():
                 row = dict(family=family, threads=int(threads), batch=int(batch),
                            prefill=(base["prefill_tok_s"], mine["prefill_tok_s"]),
                            decode=(base["decode_tok_s"], mine["decode_tok_s"]),
+                           layer_step_us=(base["layer_step_us"], mine["layer_step_us"]),
                            calls=mine["calls"])
                 rows.append(row)
                 p, d = row["prefill"], row["decode"]
@@ -175,9 +231,11 @@ def main():
                 if pool:
                     row["decode_pool"] = res["pool"]["decode_tok_s"]
                     extra = f" {row['decode_pool']:.1f} | {row['decode_pool'] / d[0]:.2f}x |"
+                steps = " | ".join("-" if us is None else f"{us:.0f}"
+                                   for us in row["layer_step_us"])
                 print(f"| {family} | {threads} | {batch} | {p[0]:.0f} | {p[1]:.0f} | "
-                      f"{p[1] / p[0]:.2f}x | {d[0]:.1f} | {d[1]:.1f} | {d[1] / d[0]:.2f}x |"
-                      + extra, flush=True)
+                      f"{p[1] / p[0]:.2f}x | {d[0]:.1f} | {d[1]:.1f} | {d[1] / d[0]:.2f}x | "
+                      f"{steps} |" + extra, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

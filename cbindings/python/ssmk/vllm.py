@@ -43,6 +43,7 @@ and then runs calls without a prefill (decode steps) on the calling thread
 """
 
 import collections
+import functools
 import logging
 import math
 import os
@@ -147,6 +148,21 @@ def _sd(conv_states):
     return conv_states.transpose(-1, -2)
 
 
+def _static(owner, name, source, make):
+    """``make(source)``, a view of a layer's weight or pool, kept on ``owner`` while ``source`` is
+    the same tensor: built once, not every step. On a decode step a layer's calls find the
+    interpreter and torch's objects evicted by the GEMMs before them, and a fresh view plus the
+    descriptor of a new tensor cost 5-10 us each there (the LFM2 ShortConv step spent 39 us
+    preparing its arguments). Views only: one shares its source's storage, so it never holds
+    stale values, and holding ``source`` keeps the memory a cached descriptor points at alive."""
+    cached = owner.__dict__.get(name)
+    if cached is not None and cached[0] is source:
+        return cached[1]
+    view = make(source)
+    owner.__dict__[name] = (source, view)
+    return view
+
+
 def _conv_weight(conv):
     """The plain ``[D, W]`` weight of a conv1d module (vLLM packs width-4 bf16 weights in place
     on AVX512-BF16 CPUs and stashes the plain copy)."""
@@ -212,12 +228,35 @@ def _step_cache(md):
     return cache
 
 
+# (decodes, device) -> query_start_loc and has_initial_state of a step of decodes alone.
+_DECODE_ONLY = {}
+
+
+def _decode_only(nd, device):
+    """``query_start_loc = 0..nd`` and ``has_initial_state`` all true for a step of ``nd``
+    decodes: the same every such step, and only read, so built once per batch size (as a
+    step's first layer built them, they were two thirds of its argument preparation)."""
+    import torch
+
+    key = (nd, device)
+    found = _DECODE_ONLY.get(key)
+    if found is None:
+        if len(_DECODE_ONLY) >= 1024:
+            _DECODE_ONLY.clear()
+        found = _DECODE_ONLY[key] = (torch.arange(nd + 1, dtype=torch.int32, device=device),
+                                     torch.ones(nd, dtype=torch.bool, device=device))
+    return found
+
+
 def _decode_then_prefill(md, cache, nd, n_prefills, qsl_p, idx_d, idx_p, his_p, device):
     """``query_start_loc``, slots and ``has_initial_state`` for one call covering ``nd`` decodes
     (length 1, continuing their state) followed by the prefills."""
     import torch
 
     key = "decode_then_prefill"
+    if key not in cache and nd and not n_prefills:
+        qsl, his = _decode_only(nd, device)
+        cache[key] = (qsl, idx_d[:nd].to(torch.int32), his)
     if key not in cache:
         parts_q, parts_i, parts_h = [], [], []
         if nd:
@@ -313,12 +352,13 @@ def _delta_rule_step(md, seam, device):
     idx = _flat_indices(md.non_spec_state_indices_tensor)[: nd + n_prefills]
     cache = _step_cache(md)
     his = cache.get("gdn_his")
+    if his is None and nd and not n_prefills:
+        his = cache["gdn_his"] = _decode_only(nd, device)[1]
     if his is None:
         import torch
 
         his = torch.ones(nd + n_prefills, dtype=torch.bool, device=device)
-        if n_prefills:
-            his[nd:] = md.has_initial_state[nd: nd + n_prefills]
+        his[nd:] = md.has_initial_state[nd: nd + n_prefills]
         cache["gdn_his"] = his
     return md.num_actual_tokens, n_prefills, qsl, idx, his
 
@@ -328,10 +368,9 @@ def _make_gdn_nonspec(st):
         """One layer step: conv (decodes as length-1 sequences), gates, delta rule; in place."""
         n, n_prefills, qsl, idx, his = _delta_rule_step(md, "gdn", mixed_qkv.device)
         x = mixed_qkv[:n]
-        conv_out = st.causal_conv1d_fwd(x, _conv_weight(layer.conv1d), layer.conv1d.bias,
-                                        _sd(layer.kv_cache[0]) if _conv_dim_first()
-                                        else layer.kv_cache[0],
-                                        qsl, idx, his, activation=layer.activation,
+        conv_out = st.causal_conv1d_fwd(x, _layer_conv_weight(layer.conv1d), layer.conv1d.bias,
+                                        _conv_states(layer), qsl, idx, his,
+                                        activation=layer.activation,
                                         num_threads=_threads(n_prefills))
         tp = layer.tp_size
         hk, hv = layer.num_k_heads // tp, layer.num_v_heads // tp
@@ -341,8 +380,8 @@ def _make_gdn_nonspec(st):
         v = conv_out[:, 2 * hk * kd:].view(n, hv, vd)
         g, beta = st.gdn_gating(layer.A_log, a[:n], b[:n], layer.dt_bias,
                                 num_threads=_threads(n_prefills))
-        pool = layer.kv_cache[1]
-        pool = pool.view(pool.size(0), hv, kd, vd)
+        pool = _static(layer, "_ssmk_pool", layer.kv_cache[1],
+                       lambda p: p.view(p.size(0), hv, kd, vd))
         st.gated_delta_rule(q, k, v, g, beta, state=pool, cu_seqlens=qsl, state_indices=idx,
                             has_initial_state=his, qk_l2norm=True, l2norm_eps=1e-6,
                             out=core_attn_out[:n], num_threads=_threads(n_prefills))
@@ -367,10 +406,10 @@ def _register_kda(st):
         if weight is None:  # vLLM keeps the conv weight in f32; the checkpoint's are x's dtype
             weight = _conv_weight(self.conv1d).to(mixed_qkv.dtype).contiguous()
             self._ssmk_conv_weight = weight
-        conv_state, pool = self.kv_cache
+        pool = self.kv_cache[1]
         threads = _threads(n_prefills)
         conv_out = st.causal_conv1d_fwd(mixed_qkv[:n].contiguous(), weight, None,
-                                        _sd(conv_state) if _conv_dim_first() else conv_state,
+                                        _conv_states(self),
                                         qsl, idx, his, activation="silu", num_threads=threads)
         h, d = self.local_num_heads, self.head_dim
         q, k, v = (t.view(n, h, d) for t in conv_out.split(h * d, dim=-1))
@@ -385,10 +424,23 @@ def _register_kda(st):
     kimi.KimiGatedDeltaNetAttention._forward = forward_ssmk
 
 
+@functools.lru_cache(maxsize=None)
 def _conv_dim_first():
+    """vLLM's conv-state layout, fixed per process (vLLM caches it the same way)."""
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
     return is_conv_state_dim_first()
+
+
+def _conv_states(layer):
+    """The layer's conv-state pool as ssmk's ``[S, L, D]`` (see :func:`_static`)."""
+    return _static(layer, "_ssmk_conv_states", layer.kv_cache[0],
+                   lambda p: _sd(p) if _conv_dim_first() else p)
+
+
+def _layer_conv_weight(conv):
+    """:func:`_conv_weight` of a conv module (see :func:`_static`)."""
+    return _static(conv, "_ssmk_conv_weight", conv.weight, lambda _: _conv_weight(conv))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,9 +469,8 @@ def _register_short_conv(st):
                 _flat_indices(md.state_indices_tensor_d), _flat_indices(md.state_indices_tensor_p),
                 md.has_initial_states_p, hidden_states.device)
             bcx, _ = self.in_proj(hidden_states[:n])
-            pool = self.kv_cache[0]
-            conv_states = _sd(pool) if _conv_dim_first() else pool
-            y = st.short_conv(bcx, _conv_weight(self.conv), self.conv.bias, conv_states, qsl, idx,
+            y = st.short_conv(bcx, _layer_conv_weight(self.conv), self.conv.bias,
+                              _conv_states(self), qsl, idx,
                               his, num_threads=_threads(n_prefills))
             output[:n], _ = self.out_proj(y)
 
@@ -457,8 +508,7 @@ def _register_mamba_mixer2(st, null_block_id):
                     or md.num_decode_tokens != md.num_decodes):
                 _fallbacks["mamba2"] += 1
                 return super().conv_ssm_forward(projected_states, output)
-            conv_states = self.kv_cache[0]
-            conv_states = _sd(conv_states) if _conv_dim_first() else conv_states
+            conv_states = _conv_states(self)
             nd, n_prefills = md.num_decodes, md.num_prefills
             n = nd + md.num_prefill_tokens
             xbc = projected_states[:n, self.tped_intermediate_size:
@@ -474,7 +524,7 @@ def _register_mamba_mixer2(st, null_block_id):
                 md.has_initial_states_p, projected_states.device)
             offsets, slots = _checkpoint_table(md, cache, nd, n_prefills, null_block_id)
             conv_out = st.causal_conv1d_fwd(
-                xbc, _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
+                xbc, _layer_conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
                 activation=self.activation, pad_slot_id=null_block_id,
                 checkpoint_offsets=offsets, checkpoint_slots=slots,
                 num_threads=_threads(n_prefills))
@@ -515,8 +565,7 @@ def _register_mamba_mixer(st, null_block_id):
             md = md.get(self.prefix) if md is not None else None
             if md is None:  # profile run
                 return super().forward_impl(hidden_states, output)
-            conv_states = self.kv_cache[0]
-            conv_states = _sd(conv_states) if _conv_dim_first() else conv_states
+            conv_states = _conv_states(self)
             nd, n_prefills = md.num_decodes, md.num_prefills
             if md.num_decode_tokens != nd:  # speculative decode, which vLLM's CPU path lacks
                 _fallbacks["mamba1"] += 1
@@ -533,7 +582,7 @@ def _register_mamba_mixer(st, null_block_id):
             if x.dtype != conv_states.dtype:  # a mamba_cache_dtype other than the model's
                 x = x.to(conv_states.dtype)
             conv_out = st.causal_conv1d_fwd(
-                x, _conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
+                x, _layer_conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
                 activation=self.activation, pad_slot_id=null_block_id,
                 num_threads=_threads(n_prefills)).to(xz.dtype)
             dt, B, C = self._ssm_transform(conv_out)

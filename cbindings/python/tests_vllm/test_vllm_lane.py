@@ -395,6 +395,32 @@ def check_registration(chk):
                                                              "\n" + out.stderr[-2000:]))
 
 
+def check_step_caches(chk):
+    """The plugin's per-layer views and per-batch-size decode tables: built once, rebuilt when
+    the layer's tensor is replaced, and equal to what each step would build."""
+    import torch
+
+    import ssmk.vllm as sv
+
+    class Layer:
+        pass
+
+    layer = Layer()
+    pool = torch.zeros(4, 3, 8)
+    first = sv._static(layer, "_v", pool, lambda p: p.transpose(-1, -2))
+    again = sv._static(layer, "_v", pool, lambda p: p.transpose(-1, -2))
+    replaced = torch.zeros(4, 3, 8)
+    rebuilt = sv._static(layer, "_v", replaced, lambda p: p.transpose(-1, -2))
+    chk.true("plugin/_static: kept while the source is the same tensor, rebuilt when replaced",
+             again is first and rebuilt is not first
+             and rebuilt.data_ptr() == replaced.data_ptr(), "")
+    qsl, his = sv._decode_only(5, torch.device("cpu"))
+    same = sv._decode_only(5, torch.device("cpu"))
+    chk.true("plugin/_decode_only: 0..nd and all-true, one pair per batch size",
+             qsl.tolist() == list(range(6)) and qsl.dtype == torch.int32
+             and his.tolist() == [True] * 5 and same[0] is qsl and same[1] is his, "")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("command", nargs="?", default="all", choices=["all", "engine"])
@@ -412,6 +438,7 @@ def main():
     chk = Checker()
     t0 = time.time()
     check_registration(chk)
+    check_step_caches(chk)
     print("\n".join(chk.lines), flush=True)
     chk.lines = []
     for family in args.families.split(","):

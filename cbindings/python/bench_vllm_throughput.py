@@ -13,7 +13,8 @@ recurrent layer's decode step (the seam the plugin replaces, timed in place) at 
 and thread count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``):
 the fastest of ``--prefill-reps`` prefills after an untimed one of the same length, and the
 fastest of ``--decode-reps`` decode runs less the fastest of as many runs of the prompt alone;
-``--pool-decode`` adds a third run per row with ssmk's private pool and the plugin's decode calls
+``--passes N`` runs every row N times, its columns alternating, and prints medians with the
+range of the per-pass ratios. ``--pool-decode`` adds a third run per row with ssmk's private pool and the plugin's decode calls
 on it (``SSMK_POOL=ssmk SSMK_VLLM_DECODE_THREADS=0``; the default runs them on torch's OpenMP
 threads).
 
@@ -180,6 +181,10 @@ def main():
                     help="threads of ssmk's calls (default: torch.get_num_threads() at each call)")
     ap.add_argument("--pool-decode", action="store_true",
                     help="also run the plugin with SSMK_VLLM_DECODE_THREADS=0 (column 'pool')")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="processes per row and column, alternating the columns; medians shown, "
+                         "and the range of the per-pass ratios (a 2-thread ratio moves by about "
+                         "+-10%% between processes on a shared VM)")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--family")
     ap.add_argument("--batch", type=int)
@@ -197,28 +202,10 @@ def main():
     for family in args.families.split(","):
         for threads in args.threads.split(","):
             for batch in args.batches.split(","):
-                res = {}
-                for plugin in ("0", "1", "pool") if pool else ("0", "1"):
-                    env = dict(os.environ, SSMK_VLLM="1" if plugin == "pool" else plugin,
-                               OMP_NUM_THREADS=threads, SSMK_NUM_THREADS=threads)
-                    if plugin == "pool":
-                        env.update(SSMK_POOL="ssmk", SSMK_VLLM_DECODE_THREADS="0")
-                    if args.vllm_isa == "avx2":
-                        env["SSMK_MAX_ISA"] = "avx2"
-                    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--family",
-                           family, "--threads", threads, "--batch", batch, "--prompt-len",
-                           str(args.prompt_len), "--out-len", str(args.out_len), "--decode-reps",
-                           str(args.decode_reps), "--prefill-reps", str(args.prefill_reps),
-                           "--vllm-isa",
-                           args.vllm_isa, "--models", args.models, "--ssmk-threads",
-                           str(args.ssmk_threads)]
-                    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                    line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-                    if out.returncode != 0 or not line:
-                        print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
-                        raise SystemExit(f"{family} threads={threads} batch={batch} "
-                                         f"SSMK_VLLM={plugin} failed")
-                    res[plugin] = json.loads(line[-1])
+                passes = []
+                for _ in range(args.passes):
+                    passes.append(run_row(args, family, threads, batch, pool))
+                res = {plugin: median_result([p[plugin] for p in passes]) for plugin in passes[0]}
                 base, mine = res["0"], res["1"]
                 row = dict(family=family, threads=int(threads), batch=int(batch),
                            prefill=(base["prefill_tok_s"], mine["prefill_tok_s"]),
@@ -227,6 +214,14 @@ def main():
                            calls=mine["calls"])
                 rows.append(row)
                 p, d = row["prefill"], row["decode"]
+
+                def spread(key):
+                    if len(passes) == 1:
+                        return ""
+                    ratios = [q["1"][key] / q["0"][key] for q in passes]
+                    row[key + "_ratios"] = ratios
+                    return f" ({min(ratios):.2f}-{max(ratios):.2f})"
+
                 extra = ""
                 if pool:
                     row["decode_pool"] = res["pool"]["decode_tok_s"]
@@ -234,11 +229,51 @@ def main():
                 steps = " | ".join("-" if us is None else f"{us:.0f}"
                                    for us in row["layer_step_us"])
                 print(f"| {family} | {threads} | {batch} | {p[0]:.0f} | {p[1]:.0f} | "
-                      f"{p[1] / p[0]:.2f}x | {d[0]:.1f} | {d[1]:.1f} | {d[1] / d[0]:.2f}x | "
-                      f"{steps} |" + extra, flush=True)
+                      f"{p[1] / p[0]:.2f}x{spread('prefill_tok_s')} | {d[0]:.1f} | {d[1]:.1f} | "
+                      f"{d[1] / d[0]:.2f}x{spread('decode_tok_s')} | {steps} |" + extra,
+                      flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def median_result(results):
+    """Per key, the median over passes of each number (the calls of the first)."""
+    def median(values):
+        values = sorted(v for v in values if v is not None)
+        return values[len(values) // 2] if values else None
+
+    out = dict(results[0])
+    for key in ("prefill_tok_s", "decode_tok_s", "layer_step_us"):
+        out[key] = median([r[key] for r in results])
+    return out
+
+
+def run_row(args, family, threads, batch, pool):
+    """One process per column (vLLM alone, + ssmk[, + ssmk on its pool]) for one row."""
+    res = {}
+    for plugin in ("0", "1", "pool") if pool else ("0", "1"):
+        env = dict(os.environ, SSMK_VLLM="1" if plugin == "pool" else plugin,
+                   OMP_NUM_THREADS=threads, SSMK_NUM_THREADS=threads)
+        if plugin == "pool":
+            env.update(SSMK_POOL="ssmk", SSMK_VLLM_DECODE_THREADS="0")
+        if args.vllm_isa == "avx2":
+            env["SSMK_MAX_ISA"] = "avx2"
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--family",
+               family, "--threads", threads, "--batch", batch, "--prompt-len",
+               str(args.prompt_len), "--out-len", str(args.out_len), "--decode-reps",
+               str(args.decode_reps), "--prefill-reps", str(args.prefill_reps),
+               "--vllm-isa",
+               args.vllm_isa, "--models", args.models, "--ssmk-threads",
+               str(args.ssmk_threads)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode != 0 or not line:
+            print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
+            raise SystemExit(f"{family} threads={threads} batch={batch} "
+                             f"SSMK_VLLM={plugin} failed")
+        res[plugin] = json.loads(line[-1])
+    return res
 
 
 if __name__ == "__main__":

@@ -358,7 +358,8 @@ def _delta_rule_step(md, seam, device):
         import torch
 
         his = torch.ones(nd + n_prefills, dtype=torch.bool, device=device)
-        his[nd:] = md.has_initial_state[nd: nd + n_prefills]
+        if n_prefills:
+            his[nd:] = md.has_initial_state[nd: nd + n_prefills]
         cache["gdn_his"] = his
     return md.num_actual_tokens, n_prefills, qsl, idx, his
 

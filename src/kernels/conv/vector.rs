@@ -611,8 +611,7 @@ impl Taps {
         // Rows, zeros, gathered rows: the task buffer starts on a cache line, `stride` keeps each
         // row on one, and the buffer comes zeroed.
         let mut buffer = TaskBuffer::take(rows * stride + cn + gathered_len);
-        let (taps, rest) = buffer.split_at_mut(rows * stride);
-        for (k, row) in taps.chunks_mut(stride).take(w + 1).enumerate() {
+        for (k, row) in buffer.chunks_mut(stride).take(w + 1).enumerate() {
             let row = &mut row[..cn];
             match (k < w, p.bias) {
                 (true, _) => unsafe { p.weight.column(k, c0, row) },
@@ -628,13 +627,13 @@ impl Taps {
                 }
             }
         }
-        let (zeros, gathered) = rest.split_at_mut(cn);
+        // Every pointer into the buffer derives from this one, taken once the taps are filled.
+        let base = buffer.as_mut_ptr();
+        let zeros = base.wrapping_add(rows * stride).cast_const();
         let gathered = match gathered_len {
             0 => std::ptr::null_mut(),
-            _ => gathered.as_mut_ptr(),
+            _ => base.wrapping_add(rows * stride + cn),
         };
-        let zeros = zeros.as_ptr();
-        let base = buffer.as_mut_ptr();
         Taps {
             _buffer: buffer,
             base,

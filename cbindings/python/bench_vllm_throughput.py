@@ -9,14 +9,14 @@ Random-weight models of realistic layer sizes, built locally (tests_vllm/tiny_mo
 
 Measures prompt tokens/s (``max_tokens=1`` on ``--prompt-len`` token prompts), output tokens/s
 (``--out-len`` tokens after a 16-token prompt, decode time only) and the median time of one
-recurrent layer's decode step (the seam the plugin replaces, timed in place) at each batch size
-and thread count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without (``SSMK_VLLM=0``):
-the fastest of ``--prefill-reps`` prefills after an untimed one of the same length, and the
-fastest of ``--decode-reps`` decode runs less the fastest of as many runs of the prompt alone;
-``--passes N`` runs every row N times, its columns alternating, and prints medians with the
-range of the per-pass ratios. ``--pool-decode`` adds a third run per row with ssmk's private pool and the plugin's decode calls
-on it (``SSMK_POOL=ssmk SSMK_VLLM_DECODE_THREADS=0``; the default runs them on torch's OpenMP
-threads).
+recurrent layer's decode step (the seam the plugin replaces, timed in place) at each batch size and
+thread count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and without
+(``SSMK_VLLM=0``): the fastest of ``--prefill-reps`` prefills after an untimed one of the same
+length, and the fastest of ``--decode-reps`` decode runs less the fastest of as many runs of the
+prompt alone; ``--passes N`` runs every row N times, its columns alternating, and prints medians
+with the range of the per-pass ratios. ``--pool-decode`` adds a third run per row with ssmk's
+private pool and the plugin's decode calls on it (``SSMK_POOL=ssmk SSMK_VLLM_DECODE_THREADS=0``;
+the default runs them on torch's OpenMP threads).
 
 ``--vllm-isa avx2`` (default) makes vLLM pick its AVX2 build (``_C_AVX2.abi3.so``) and its AVX2
 code paths on an AVX-512 machine, by answering False to torch's AVX-512/AMX capability queries

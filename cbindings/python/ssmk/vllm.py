@@ -233,9 +233,10 @@ _DECODE_ONLY = {}
 
 
 def _decode_only(nd, device):
-    """``query_start_loc = 0..nd`` and ``has_initial_state`` all true for a step of ``nd``
-    decodes: the same every such step, and only read, so built once per batch size (as a
-    step's first layer built them, they were two thirds of its argument preparation)."""
+    """``query_start_loc = 0..nd`` and ``has_initial_state`` all true for ``nd`` decodes: the
+    same every step, and only read, so built once per batch size (a step of decodes alone uses
+    them whole, a mixed step concatenates its prefills' after them; built by each step's first
+    layer, they were two thirds of its argument preparation)."""
     import torch
 
     key = (nd, device)
@@ -254,23 +255,16 @@ def _decode_then_prefill(md, cache, nd, n_prefills, qsl_p, idx_d, idx_p, his_p, 
     import torch
 
     key = "decode_then_prefill"
-    if key not in cache and nd and not n_prefills:
-        qsl, his = _decode_only(nd, device)
-        cache[key] = (qsl, idx_d[:nd].to(torch.int32), his)
     if key not in cache:
-        parts_q, parts_i, parts_h = [], [], []
-        if nd:
-            parts_q.append(torch.arange(nd, dtype=torch.int32, device=device))
-            parts_i.append(idx_d[:nd].to(torch.int32))
-            parts_h.append(torch.ones(nd, dtype=torch.bool, device=device))
+        qsl, his = _decode_only(nd, device)
+        idx = (idx_d[:nd].to(torch.int32) if nd
+               else torch.zeros(0, dtype=torch.int32, device=device))
         if n_prefills:
-            parts_q.append(qsl_p[: n_prefills + 1].to(torch.int32) + nd)
-            parts_i.append(idx_p[:n_prefills].to(torch.int32))
-            parts_h.append(his_p[:n_prefills].to(torch.bool) if his_p is not None
-                           else torch.zeros(n_prefills, dtype=torch.bool, device=device))
-        else:
-            parts_q.append(torch.tensor([nd], dtype=torch.int32, device=device))
-        cache[key] = (torch.cat(parts_q), torch.cat(parts_i), torch.cat(parts_h))
+            qsl = torch.cat([qsl[:nd], qsl_p[: n_prefills + 1].to(torch.int32) + nd])
+            idx = torch.cat([idx, idx_p[:n_prefills].to(torch.int32)])
+            his = torch.cat([his, his_p[:n_prefills].to(torch.bool) if his_p is not None
+                             else torch.zeros(n_prefills, dtype=torch.bool, device=device)])
+        cache[key] = (qsl, idx, his)
     return cache[key]
 
 
@@ -352,14 +346,12 @@ def _delta_rule_step(md, seam, device):
     idx = _flat_indices(md.non_spec_state_indices_tensor)[: nd + n_prefills]
     cache = _step_cache(md)
     his = cache.get("gdn_his")
-    if his is None and nd and not n_prefills:
-        his = cache["gdn_his"] = _decode_only(nd, device)[1]
     if his is None:
-        import torch
-
-        his = torch.ones(nd + n_prefills, dtype=torch.bool, device=device)
+        his = _decode_only(nd, device)[1]
         if n_prefills:
-            his[nd:] = md.has_initial_state[nd: nd + n_prefills]
+            import torch
+
+            his = torch.cat([his, md.has_initial_state[nd: nd + n_prefills].to(torch.bool)])
         cache["gdn_his"] = his
     return md.num_actual_tokens, n_prefills, qsl, idx, his
 

@@ -14,9 +14,12 @@ thread count, each in a fresh process, with the plugin (``SSMK_VLLM=1``) and wit
 (``SSMK_VLLM=0``): the fastest of ``--prefill-reps`` prefills after an untimed one of the same
 length, and the fastest of ``--decode-reps`` decode runs less the fastest of as many runs of the
 prompt alone; ``--passes N`` runs every row N times, its columns alternating, and prints medians
-with the range of the per-pass ratios. ``--pool-decode`` adds a third run per row with ssmk's
-private pool and the plugin's decode calls on it (``SSMK_POOL=ssmk SSMK_VLLM_DECODE_THREADS=0``;
-the default runs them on torch's OpenMP threads).
+with the range of the per-pass ratios. ``--same-process`` times both paths in one process on one
+engine instead, switched by :func:`ssmk.vllm.serve` between ``generate`` calls in alternating
+order: the same weights, KV and state pools and memory placement for both, so the ratio does not
+carry the +-10% by which two processes' GEMMs differ on a shared VM. ``--pool-decode`` adds a
+third run per row with ssmk's private pool and the plugin's decode calls on it
+(``SSMK_POOL=ssmk SSMK_VLLM_DECODE_THREADS=0``; the default runs them on torch's OpenMP threads).
 
 ``--vllm-isa avx2`` (default) makes vLLM pick its AVX2 build (``_C_AVX2.abi3.so``) and its AVX2
 code paths on an AVX-512 machine, by answering False to torch's AVX-512/AMX capability queries
@@ -85,47 +88,75 @@ def child(args):
                 for _ in range(args.batch)]
 
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    # Warm-up at the timed length: oneDNN builds its GEMM primitives for a shape on first use.
-    llm.generate(prompts(args.prompt_len), one, use_tqdm=False)
-    prefill_s = math.inf
-    for _ in range(args.prefill_reps):
-        t = time.perf_counter()
-        llm.generate(prompts(args.prompt_len), one, use_tqdm=False)
-        prefill_s = min(prefill_s, time.perf_counter() - t)
     many = SamplingParams(max_tokens=args.out_len, temperature=0.0, ignore_eos=True)
-
-    def best_s(params):
-        # A 2-thread decode of one sequence varies by +-10% from run to run on a shared VM.
-        times = []
-        for _ in range(args.decode_reps):
-            t = time.perf_counter()
-            llm.generate(prompts(16), params, use_tqdm=False)
-            times.append(time.perf_counter() - t)
-        return min(times)
-
-    steps = layer_step_times(llm, args.family)
-    decode_s = best_s(many) - best_s(one)  # minus the prefill + first token
     import ssmk.vllm as sv
 
-    print(json.dumps({"prefill_tok_s": args.batch * args.prompt_len / prefill_s,
-                      "decode_tok_s": args.batch * (args.out_len - 1) / decode_s,
-                      "layer_step_us": 1e6 * sorted(steps)[len(steps) // 2] if steps else None,
-                      "calls": sv.calls()}))
+    # The paths this process times: the one its SSMK_VLLM chose, or with --same-process both,
+    # switched by ssmk.vllm.serve between generate calls, in alternating order.
+    paths = ["1", "0"] if args.same_process else [os.environ.get("SSMK_VLLM", "1")]
+    # (phase, path) -> seconds of each call of the recurrent layer step, and the current key.
+    steps = {(phase, path): [] for phase in ("warm-up", "prefill", "decode") for path in paths}
+    current = ["warm-up", paths[0]]
+    layer_step_times(llm, args.family, steps, current)
+
+    def each_path(rep):
+        for path in paths if rep % 2 == 0 else paths[::-1]:
+            current[1] = path
+            if args.same_process:
+                sv.serve(path == "1")
+            yield path
+
+    # Warm-up at the timed length: oneDNN builds its GEMM primitives for a shape on first use.
+    for _ in each_path(0):
+        llm.generate(prompts(args.prompt_len), one, use_tqdm=False)
+    prefill_s = {path: [] for path in paths}
+    current[0] = "prefill"
+    for rep in range(args.prefill_reps):
+        for path in each_path(rep):
+            t = time.perf_counter()
+            llm.generate(prompts(args.prompt_len), one, use_tqdm=False)
+            prefill_s[path].append(time.perf_counter() - t)
+    current[0] = "decode"
+    # A 2-thread decode of one sequence varies by +-10% from run to run on a shared VM: the
+    # fastest of the runs counts, less the fastest of as many runs of the prompt alone.
+    many_s = {path: [] for path in paths}
+    one_s = {path: [] for path in paths}
+    for rep in range(args.decode_reps):
+        for path in each_path(rep):
+            for params, times in ((many, many_s), (one, one_s)):
+                t = time.perf_counter()
+                llm.generate(prompts(16), params, use_tqdm=False)
+                times[path].append(time.perf_counter() - t)
+    sv.serve(True)
+    result = {}
+    for path in paths:
+        result[path] = {
+            "prefill_tok_s": args.batch * args.prompt_len / min(prefill_s[path]),
+            "decode_tok_s": args.batch * (args.out_len - 1)
+            / (min(many_s[path]) - min(one_s[path])),
+            "layer_step_us": median_us(steps["decode", path]),
+            "layer_prefill_us": median_us(steps["prefill", path]),
+            "calls": sv.calls()}
+    print(json.dumps(result))
 
 
-def layer_step_times(llm, family):
-    """A list that collects the seconds of every call of the family's recurrent layer step from
-    now on, whichever implementation is installed (vLLM's, or the plugin's): Gated DeltaNet's
-    ``_cpu_gdn_attention_nonspec``, ShortConv's ``forward_native`` less its two projections,
-    MambaMixer2's ``conv_ssm_forward``. Their median over the decode runs is the layer's decode
-    step, in the same process as the throughput and without the GEMMs' run-to-run noise."""
-    times = []
+def median_us(seconds):
+    return 1e6 * sorted(seconds)[len(seconds) // 2] if seconds else None
+
+
+def layer_step_times(llm, family, steps, current):
+    """From now on, appends the seconds of every call of the family's recurrent layer step to
+    ``steps[tuple(current)]``, whichever implementation serves it (vLLM's, or the plugin's): Gated
+    DeltaNet's ``_cpu_gdn_attention_nonspec``, ShortConv's ``forward_native`` less its two
+    projections, MambaMixer2's ``conv_ssm_forward``. Their median over the decode runs is the
+    layer's decode step (over the prefills, its prefill step), in the same process as the
+    throughput and without the GEMMs' run-to-run noise."""
 
     def timed(f, less=lambda: 0.0):
         def step(*a, **k):
             t = time.perf_counter()
             r = f(*a, **k)
-            times.append(time.perf_counter() - t - less())
+            steps[tuple(current)].append(time.perf_counter() - t - less())
             return r
 
         return step
@@ -134,7 +165,7 @@ def layer_step_times(llm, family):
         from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as ga
 
         ga._cpu_gdn_attention_nonspec = timed(ga._cpu_gdn_attention_nonspec)
-        return times
+        return
     model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
     if family == "lfm2":
         from vllm.model_executor.layers.mamba.short_conv import ShortConv
@@ -161,7 +192,6 @@ def layer_step_times(llm, family):
         for m in model.modules():
             if isinstance(m, MambaMixer2):
                 m.conv_ssm_forward = timed(m.conv_ssm_forward)
-    return times
 
 
 def main():
@@ -185,6 +215,10 @@ def main():
                     help="processes per row and column, alternating the columns; medians shown, "
                          "and the range of the per-pass ratios (a 2-thread ratio moves by about "
                          "+-10%% between processes on a shared VM)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="time vLLM's path and the plugin's in one process on one engine, "
+                         "switched by ssmk.vllm.serve between generate calls in alternating "
+                         "order (the same weights, pools and memory placement for both)")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--family")
     ap.add_argument("--batch", type=int)
@@ -196,9 +230,10 @@ def main():
     rows = []
     pool = args.pool_decode
     print("| family | threads | batch | prompt tok/s vLLM | + ssmk | ratio | output tok/s vLLM "
-          "| + ssmk | ratio | layer decode step µs vLLM | + ssmk |"
+          "| + ssmk | ratio | layer prefill step µs vLLM | + ssmk | layer decode step µs vLLM "
+          "| + ssmk |"
           + (" + ssmk, decode on its pool | ratio |" if pool else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pool else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pool else ""))
     for family in args.families.split(","):
         for threads in args.threads.split(","):
             for batch in args.batches.split(","):
@@ -210,6 +245,7 @@ def main():
                 row = dict(family=family, threads=int(threads), batch=int(batch),
                            prefill=(base["prefill_tok_s"], mine["prefill_tok_s"]),
                            decode=(base["decode_tok_s"], mine["decode_tok_s"]),
+                           layer_prefill_us=(base["layer_prefill_us"], mine["layer_prefill_us"]),
                            layer_step_us=(base["layer_step_us"], mine["layer_step_us"]),
                            calls=mine["calls"])
                 rows.append(row)
@@ -227,7 +263,7 @@ def main():
                     row["decode_pool"] = res["pool"]["decode_tok_s"]
                     extra = f" {row['decode_pool']:.1f} | {row['decode_pool'] / d[0]:.2f}x |"
                 steps = " | ".join("-" if us is None else f"{us:.0f}"
-                                   for us in row["layer_step_us"])
+                                   for us in row["layer_prefill_us"] + row["layer_step_us"])
                 print(f"| {family} | {threads} | {batch} | {p[0]:.0f} | {p[1]:.0f} | "
                       f"{p[1] / p[0]:.2f}x{spread('prefill_tok_s')} | {d[0]:.1f} | {d[1]:.1f} | "
                       f"{d[1] / d[0]:.2f}x{spread('decode_tok_s')} | {steps} |" + extra,
@@ -244,18 +280,20 @@ def median_result(results):
         return values[len(values) // 2] if values else None
 
     out = dict(results[0])
-    for key in ("prefill_tok_s", "decode_tok_s", "layer_step_us"):
+    for key in ("prefill_tok_s", "decode_tok_s", "layer_prefill_us", "layer_step_us"):
         out[key] = median([r[key] for r in results])
     return out
 
 
 def run_row(args, family, threads, batch, pool):
-    """One process per column (vLLM alone, + ssmk[, + ssmk on its pool]) for one row."""
+    """The row's columns (vLLM alone "0", + ssmk "1"[, + ssmk on its pool "pool"]): one process
+    per column, or with ``--same-process`` "0" and "1" from one process and one engine."""
     res = {}
-    for plugin in ("0", "1", "pool") if pool else ("0", "1"):
-        env = dict(os.environ, SSMK_VLLM="1" if plugin == "pool" else plugin,
+    columns = ["1"] if args.same_process else ["0", "1"]
+    for column in columns + (["pool"] if pool else []):
+        env = dict(os.environ, SSMK_VLLM="0" if column == "0" else "1",
                    OMP_NUM_THREADS=threads, SSMK_NUM_THREADS=threads)
-        if plugin == "pool":
+        if column == "pool":
             env.update(SSMK_POOL="ssmk", SSMK_VLLM_DECODE_THREADS="0")
         if args.vllm_isa == "avx2":
             env["SSMK_MAX_ISA"] = "avx2"
@@ -265,14 +303,19 @@ def run_row(args, family, threads, batch, pool):
                str(args.decode_reps), "--prefill-reps", str(args.prefill_reps),
                "--vllm-isa",
                args.vllm_isa, "--models", args.models, "--ssmk-threads",
-               str(args.ssmk_threads)]
+               str(args.ssmk_threads)] + (["--same-process"] if column != "pool"
+                                          and args.same_process else [])
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         if out.returncode != 0 or not line:
             print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
             raise SystemExit(f"{family} threads={threads} batch={batch} "
-                             f"SSMK_VLLM={plugin} failed")
-        res[plugin] = json.loads(line[-1])
+                             f"column {column} failed")
+        got = json.loads(line[-1])
+        if column == "pool":
+            res["pool"] = got["1"]
+        else:
+            res.update(got)
     return res
 
 

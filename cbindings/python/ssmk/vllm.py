@@ -35,7 +35,9 @@ Seams (vLLM 0.32, ``mamba/`` = ``vllm/model_executor/layers/mamba/``):
 nothing patched. :func:`patched` lists the seams replaced in this process (logged once);
 :func:`calls` counts the calls each seam served with ssmk and :func:`fallbacks` the calls it
 handed back to vLLM's own code (cases ssmk's path does not take, e.g. a speculative-decode
-Mamba-2 step whose source and destination slots differ). ssmk's calls run on torch's OpenMP
+Mamba-2 step whose source and destination slots differ). :func:`serve` switches the installed
+seams between ssmk and vLLM's own code in a running process (A/B comparisons on one engine).
+ssmk's calls run on torch's OpenMP
 threads (``SSMK_POOL=openmp``, set unless already set: one set of threads on the cores, not two
 fighting), on ``torch.get_num_threads()`` of them; ``SSMK_POOL=ssmk`` keeps ssmk's private pool
 and then runs calls without a prefill (decode steps) on the calling thread
@@ -49,7 +51,7 @@ import math
 import os
 import threading
 
-__all__ = ["SUPPORTED_VLLM", "calls", "enabled", "fallbacks", "patched", "register"]
+__all__ = ["SUPPORTED_VLLM", "calls", "enabled", "fallbacks", "patched", "register", "serve"]
 
 SUPPORTED_VLLM = "0.32."
 
@@ -73,6 +75,8 @@ _registered = False
 _patched = []
 _calls = collections.Counter()
 _fallbacks = collections.Counter()
+# Whether the installed seams run ssmk (see serve()).
+_serving = True
 
 
 def enabled() -> bool:
@@ -93,6 +97,21 @@ def calls() -> dict:
 def fallbacks() -> dict:
     """Calls a seam handed back to vLLM's own implementation, per seam."""
     return dict(_fallbacks)
+
+
+def serve(on: bool = True) -> bool:
+    """Whether the installed seams run ssmk (``True``, the default) or hand every call to the vLLM
+    code they replaced (``False``), from the next call on; returns the previous setting.
+
+    For A/B comparisons on one engine: the same weights, pools, threads and memory placement for
+    both paths, where two processes differ by +-10% on a shared machine
+    (``bench_vllm_throughput.py --same-process``), and for checking a result against vLLM's own
+    kernels. Both paths keep their states in vLLM's pools in vLLM's layout; switch between
+    ``generate`` calls. vLLM's own code keeps its limits (no KDA, Mamba-1 or Mamba-2 prefix
+    caching on CPU). Calls served by vLLM's code are not counted in :func:`calls`."""
+    global _serving
+    previous, _serving = _serving, bool(on)
+    return previous
 
 
 def register() -> None:
@@ -272,12 +291,16 @@ def _decode_then_prefill(md, cache, nd, n_prefills, qsl_p, idx_d, idx_p, his_p, 
 # Causal conv (Mamba-2's mixer, GDN's spec-aware path, anything else calling vLLM's CPU conv)
 
 
-def _make_conv_fn(st, pad_default):
+def _make_conv_fn(st, original, pad_default):
     def causal_conv1d_fn_ssmk(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
                               has_initial_state=None, activation="silu", pad_slot_id=pad_default,
                               **kwargs):
         """vLLM's ``causal_conv1d_fn_cpu`` (``x [D,T]``, states ``[S,D,L]``) on ssmk."""
         import torch
+
+        if not _serving:
+            return original(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                            has_initial_state, activation, pad_slot_id, **kwargs)
 
         idx = _flat_indices(cache_indices)
         if cache_indices is not None and idx is None:
@@ -307,6 +330,10 @@ def _make_conv_update(st, original, null_block_id):
         packed by ``query_start_loc``, uniform Q)."""
         import torch
 
+        if not _serving:
+            return original(x, conv_state, weight, bias, activation, conv_state_indices,
+                            query_start_loc, pad_slot_id, num_accepted_tokens=num_accepted_tokens,
+                            **kwargs)
         if pad_slot_id is None:
             pad_slot_id = kwargs.get("null_block_id", null_block_id)
             if pad_slot_id is None:
@@ -356,9 +383,11 @@ def _delta_rule_step(md, seam, device):
     return md.num_actual_tokens, n_prefills, qsl, idx, his
 
 
-def _make_gdn_nonspec(st):
+def _make_gdn_nonspec(st, original):
     def cpu_gdn_attention_nonspec_ssmk(layer, md, mixed_qkv, b, a, core_attn_out):
         """One layer step: conv (decodes as length-1 sequences), gates, delta rule; in place."""
+        if not _serving:
+            return original(layer, md, mixed_qkv, b, a, core_attn_out)
         n, n_prefills, qsl, idx, his = _delta_rule_step(md, "gdn", mixed_qkv.device)
         x = mixed_qkv[:n]
         conv_out = st.causal_conv1d_fwd(x, _layer_conv_weight(layer.conv1d), layer.conv1d.bias,
@@ -387,9 +416,13 @@ def _register_kda(st):
     from vllm.forward_context import get_forward_context
     from vllm.model_executor.layers.mamba.gdn import kimi_gdn_linear_attn as kimi
 
+    original = kimi.KimiGatedDeltaNetAttention._forward
+
     def forward_ssmk(self, mixed_qkv, g1, g2, beta, core_attn_out):
         """Conv (decodes as length-1 sequences), gates, delta rule with per-channel decay; in
         place on vLLM's pools, then the gated output norm as vLLM does."""
+        if not _serving:
+            return original(self, mixed_qkv, g1, g2, beta, core_attn_out)
         md = get_forward_context().attn_metadata
         md = md.get(self.prefix) if md is not None else None
         if md is None:  # profile / warm-up run: no state
@@ -452,7 +485,7 @@ def _register_short_conv(st):
         def forward_native(self, hidden_states, output):
             md = get_forward_context().attn_metadata
             md = md.get(self.prefix) if md is not None else None
-            if md is None:  # profile run: vLLM's own path (no state)
+            if md is None or not _serving:  # profile run (no state), or serve(False)
                 return super().forward_native(hidden_states, output)
             _calls["short_conv"] += 1
             nd, n_prefills = md.num_decode_tokens, md.num_prefills
@@ -495,7 +528,7 @@ def _register_mamba_mixer2(st, null_block_id):
         def conv_ssm_forward(self, projected_states, output):
             md = get_forward_context().attn_metadata
             md = md.get(self.prefix) if md is not None else None
-            if md is None:  # profile run
+            if md is None or not _serving:  # profile run, or serve(False)
                 return super().conv_ssm_forward(projected_states, output)
             if (self.use_replayssm or self.num_spec > 0 or md.num_accepted_tokens is not None
                     or md.num_decode_tokens != md.num_decodes):
@@ -556,7 +589,7 @@ def _register_mamba_mixer(st, null_block_id):
 
             md = get_forward_context().attn_metadata
             md = md.get(self.prefix) if md is not None else None
-            if md is None:  # profile run
+            if md is None or not _serving:  # profile run, or serve(False)
                 return super().forward_impl(hidden_states, output)
             conv_states = _conv_states(self)
             nd, n_prefills = md.num_decodes, md.num_prefills
@@ -616,7 +649,7 @@ def _checkpoint_table(md, cache, nd, n_prefills, null_block_id):
     return cache[key]
 
 
-def _make_chunk_scan(st):
+def _make_chunk_scan(st, original):
     def mamba_chunk_scan_combined_fwd_ssmk(x, dt, A, B, C, chunk_size, out, D=None, z=None,
                                            dt_bias=None, initial_states=None,
                                            return_intermediate_states=False, seq_idx=None,
@@ -625,6 +658,15 @@ def _make_chunk_scan(st):
                                            dt_limit=(0.0, math.inf), state_dtype=None, **kwargs):
         """vLLM's varlen chunk scan: final states ``[B, NH, P, N]`` from ``initial_states``."""
         import torch
+
+        if not _serving:
+            return original(x, dt, A, B, C, chunk_size, out, D=D, z=z, dt_bias=dt_bias,
+                            initial_states=initial_states,
+                            return_intermediate_states=return_intermediate_states,
+                            seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                            cu_chunk_seqlens=cu_chunk_seqlens,
+                            last_chunk_indices=last_chunk_indices, dt_softplus=dt_softplus,
+                            dt_limit=dt_limit, state_dtype=state_dtype, **kwargs)
 
         if return_intermediate_states:
             # Only MambaMixer2's own step asks for them, and the mamba2 seam serves that step
@@ -687,10 +729,13 @@ def _make_ssu_backend(st, cpu_backend_cls):
             src = _flat_indices(state_batch_indices)
             same_dst = dst_state_batch_indices is None or dst_state_batch_indices is \
                 state_batch_indices or torch.equal(dst_state_batch_indices, state_batch_indices)
-            if (a1 is None or (D is not None and d1 is None) or (dt_bias is not None and b1 is None)
-                    or dt2 is None or x.dim() != 3 or num_accepted_tokens is not None
-                    or not same_dst or src is None or state.dim() != 4):
-                _fallbacks["mamba2_decode"] += 1
+            declined = (a1 is None or (D is not None and d1 is None)
+                        or (dt_bias is not None and b1 is None) or dt2 is None or x.dim() != 3
+                        or num_accepted_tokens is not None or not same_dst or src is None
+                        or state.dim() != 4)
+            if declined or not _serving:
+                if declined:
+                    _fallbacks["mamba2_decode"] += 1
                 return super().__call__(state, x, dt, A, B, C, D, dt_bias, z=z,
                                         dt_softplus=dt_softplus,
                                         state_batch_indices=state_batch_indices,
@@ -699,9 +744,7 @@ def _make_ssu_backend(st, cpu_backend_cls):
                                         num_accepted_tokens=num_accepted_tokens,
                                         cu_seqlens=cu_seqlens, is_blackwell=is_blackwell)
             _calls["mamba2_decode"] += 1
-            nb = x.shape[0]
-            seqs = torch.arange(nb + 1, dtype=torch.int32, device=x.device)
-            cont = torch.ones(nb, dtype=torch.bool, device=x.device)
+            seqs, cont = _decode_only(x.shape[0], x.device)
             st.mamba2_scan(x, dt2, a1.float(), B, C, d1.float() if d1 is not None else None, z,
                            b1.float() if b1 is not None else None, dt_softplus=bool(dt_softplus),
                            state=state, cu_seqlens=seqs, state_indices=src,
@@ -716,12 +759,14 @@ def _make_ssu_backend(st, cpu_backend_cls):
 # Block copies and zeroing
 
 
-def _make_batch_memcpy():
+def _make_batch_memcpy(original):
     import ssmk
     import ssmk.torch as st
 
     def batch_memcpy_ssmk(src_ptrs, dst_ptrs, sizes, BLOCK_SIZE=None):
         """vLLM's CPU ``batch_memcpy_kernel``: ``memmove(dst[i], src[i], sizes[i])`` in order."""
+        if not _serving:
+            return original(src_ptrs, dst_ptrs, sizes, BLOCK_SIZE)
         _calls["batch_memcpy"] += 1
         ssmk.batch_memcpy(dst_ptrs.tolist(), src_ptrs.tolist(), sizes.tolist(),
                           ctx=st._context(0))
@@ -729,12 +774,14 @@ def _make_batch_memcpy():
     return batch_memcpy_ssmk
 
 
-def _make_zero_block_ids(st):
+def _make_zero_block_ids(st, original):
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     def _zero_block_ids(self, block_ids):
         """``CPUModelRunner._zero_block_ids``: one parallel ssmk call over every distinct cache."""
+        if not _serving:
+            return original(self, block_ids)
         if len(block_ids) == 0:
             return
         _calls["zero_blocks"] += 1
@@ -770,7 +817,7 @@ def _install():
     from vllm.v1.attention.backends.utils import NULL_BLOCK_ID, PAD_SLOT_ID
     from vllm.v1.worker import cpu_model_runner
 
-    conv_fn = _make_conv_fn(st, PAD_SLOT_ID)
+    conv_fn = _make_conv_fn(st, cpu_conv.causal_conv1d_fn_cpu, PAD_SLOT_ID)
     conv_update = _make_conv_update(st, cpu_conv.causal_conv1d_update_cpu, NULL_BLOCK_ID)
     cpu_conv.causal_conv1d_fn_cpu = conv_fn
     cpu_conv.causal_conv1d_update_cpu = conv_update
@@ -782,7 +829,8 @@ def _install():
     gdn_attention.causal_conv1d_update_cpu = conv_update
     _patched.extend(["conv_prefill", "conv_decode"])
 
-    gdn_attention._cpu_gdn_attention_nonspec = _make_gdn_nonspec(st)
+    gdn_attention._cpu_gdn_attention_nonspec = _make_gdn_nonspec(
+        st, gdn_attention._cpu_gdn_attention_nonspec)
     _patched.append("gdn")
 
     _register_short_conv(st)
@@ -794,15 +842,17 @@ def _install():
     _patched.append("mamba2")
     _register_mamba_mixer(st, NULL_BLOCK_ID)
     _patched.append("mamba1")
-    ssd_combined._mamba_chunk_scan_combined_fwd = _make_chunk_scan(st)
+    ssd_combined._mamba_chunk_scan_combined_fwd = _make_chunk_scan(
+        st, ssd_combined._mamba_chunk_scan_combined_fwd)
     _patched.append("mamba2_prefill")
     cpu_key = ssu_dispatch.MambaBackendEnum.CPU
     ssu_dispatch._BACKEND_REGISTRY[cpu_key] = _make_ssu_backend(
         st, ssu_dispatch._BACKEND_REGISTRY[cpu_key])
     _patched.append("mamba2_decode")
 
-    cpu_triton_utils._batch_memcpy_impl = _make_batch_memcpy()
+    cpu_triton_utils._batch_memcpy_impl = _make_batch_memcpy(cpu_triton_utils._batch_memcpy_impl)
     _patched.append("batch_memcpy")
 
-    cpu_model_runner.CPUModelRunner._zero_block_ids = _make_zero_block_ids(st)
+    cpu_model_runner.CPUModelRunner._zero_block_ids = _make_zero_block_ids(
+        st, cpu_model_runner.CPUModelRunner._zero_block_ids)
     _patched.append("zero_blocks")

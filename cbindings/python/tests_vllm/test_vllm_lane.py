@@ -76,6 +76,9 @@ NOPLUGIN_REFUSES = {("qwen3_5", "full-noplugin"): ("Unexpected head dim size, 32
                         "object has no attribute 'selective_scan_fwd'")}
 NOPLUGIN_MODES = {"lfm2": ["full-noplugin", "chunked-noplugin"],
                   "nemotron_h": ["full-noplugin", "chunked-noplugin"]}
+# Engines that also run the batch with ssmk.vllm.serve(False) (every seam handing its calls to
+# vLLM's own code), compared with the same engine configuration without the plugin.
+SERVE_OFF = {"lfm2": "full", "nemotron_h": "chunked"}
 
 PROMPT_LENS = [41, 66, 97, 140]
 EXTENSION = 37
@@ -143,13 +146,13 @@ def run_engine(args):
     batch, extension, long, share = prompts()
     runs = {}
 
-    def gen(name, toks, params=sp):
+    def gen(name, toks, params=sp, into=runs):
         outs = llm.generate([TokensPrompt(prompt_token_ids=t) for t in toks], params,
                             use_tqdm=False)
         for i, o in enumerate(outs):
             c = o.outputs[0]
             plp = o.prompt_logprobs
-            runs[f"{name}{i}"] = {
+            into[f"{name}{i}"] = {
                 "prompt": list(o.prompt_token_ids),
                 "tokens": list(c.token_ids),
                 "logprobs": [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
@@ -170,12 +173,20 @@ def run_engine(args):
         # (vLLM 0.32 has no mode keeping every block boundary; README "vLLM"). Reported.
         gen("long", [long], sp_hit)
         gen("share", [share], sp_hit)
-    elapsed = time.time() - t1
     import ssmk.vllm as sv
 
+    served_off = {}
+    if SERVE_OFF.get(args.family) == mode and variant != "noplugin":
+        before = sv.calls()
+        was = sv.serve(False)
+        gen("batch", batch, into=served_off)
+        sv.serve(was)
+        served_off["ssmk_calls"] = {k: v - before.get(k, 0) for k, v in sv.calls().items()
+                                    if v != before.get(k, 0)}
+    elapsed = time.time() - t1
     result = {"runs": runs, "patched": sv.patched(), "calls": sv.calls(), "probe": probe,
               "fallbacks": sv.fallbacks(), "dtype": str(dtype).split(".")[1],
-              "engine_s": started, "generate_s": elapsed}
+              "engine_s": started, "generate_s": elapsed, "served_off": served_off}
     with open(args.out, "w") as f:
         json.dump(result, f)
 
@@ -303,6 +314,18 @@ def check_family(family, results, models, chk):
             chk.true(f"{family}/{mode}: nothing patched, no ssmk call",
                      not bare["patched"] and not bare["calls"],
                      f"{bare['patched']} {bare['calls']}")
+    if family in SERVE_OFF:
+        # serve(False) in a running engine: vLLM's own code, as in an engine without the plugin.
+        mode = SERVE_OFF[family]
+        off = dict(results[mode]["served_off"])
+        calls = off.pop("ssmk_calls", None)
+        chk.true(f"{family}/{mode}/serve(False): no ssmk call", calls == {}, str(calls))
+        for name, run in sorted(off.items()):
+            b = results[f"{mode}-noplugin"]["runs"][name]
+            chk.true(f"{family}/{mode}/serve(False)/{name}: same tokens as vLLM without ssmk",
+                     run["tokens"] == b["tokens"])
+            chk.close(f"{family}/{mode}/serve(False)/{name} vs vLLM without ssmk",
+                      seq_logprobs(run), seq_logprobs(b), TOL_SELF[dtype])
 
     names = sorted(full["runs"])
     ref = dict(zip(names, hf_logprobs(path, [full["runs"][n]["prompt"] + full["runs"][n]["tokens"]

@@ -49,6 +49,8 @@ from ssmk import (
     MAMBA2_DT_SOFTPLUS,
     SsmkError,
 )
+from ssmk import _check
+from ssmk import lib as _lib
 
 __all__ = [
     "SsmkError",
@@ -191,6 +193,11 @@ def _d(t: Optional[Tensor]) -> Optional[_Desc]:
     return desc
 
 
+def _p(t: Optional[Tensor]):
+    """The C argument for ``t``: its cached descriptor (:func:`_d`) by reference, or NULL."""
+    return None if t is None else _d(t)._ref
+
+
 # ---------------------------------------------------------------------------------------------
 # The custom ops: C argument order minus the context, plus num_threads; outputs written in place.
 
@@ -209,17 +216,25 @@ def _custom_op(name: str, mutates_args: Tuple[str, ...]):
     return register
 
 
+# The probes of _direct() and the version bump, bound once: each is a module attribute lookup
+# less per call (on a decode step's cold caches a lookup is ~1 us).
+try:
+    _grad_enabled = torch.is_grad_enabled
+    _compiling = torch.compiler.is_compiling
+    _dispatch_modes = torch._C._len_torch_dispatch_stack
+    _function_mode = torch._C._is_torch_function_mode_enabled
+    _increment_version = torch._C._increment_version
+except AttributeError:  # a torch without these probes: always dispatch
+    _grad_enabled = None
+
+
 def _direct() -> bool:
     """True in eager code without autograd (``no_grad`` or ``inference_mode``, as vLLM and
     ``generate`` run models), not traced by ``torch.compile`` and under no torch function or
     dispatch mode: there the op's dispatch does nothing but cost time (25-95 us a call, measured,
     more than a one-token kernel takes)."""
-    try:
-        return (not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-                and torch._C._len_torch_dispatch_stack() == 0
-                and not torch._C._is_torch_function_mode_enabled())
-    except AttributeError:  # a torch without these probes: always dispatch
-        return False
+    return (_grad_enabled is not None and not _grad_enabled() and not _compiling()
+            and _dispatch_modes() == 0 and not _function_mode())
 
 
 def _call(name: str, *args) -> None:
@@ -239,8 +254,7 @@ def _call(name: str, *args) -> None:
         elif arg is not None:
             bumped.extend(arg)
     if bumped:
-        torch.autograd.graph.increment_version(bumped)
-
+        _increment_version(bumped)
 
 
 @_custom_op("causal_conv1d_fwd", mutates_args=("conv_states", "out"))
@@ -259,12 +273,10 @@ def _causal_conv1d_fwd(
     checkpoint_offsets: Optional[Tensor] = None,
     checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
-    ssmk.causal_conv1d_fwd(
-        _d(x), _d(weight), _d(out), bias=_d(bias), conv_states=_d(conv_states),
-        query_start_loc=_d(query_start_loc), cache_indices=_d(cache_indices),
-        has_initial_state=_d(has_initial_state), activation=activation, pad_slot_id=pad_slot_id,
-        ctx=_context(num_threads),
-        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
+    _check("ssmk_causal_conv1d_fwd", _lib.ssmk_causal_conv1d_fwd(
+        _context(num_threads).handle, _p(x), _p(weight), _p(bias), _p(conv_states),
+        _p(query_start_loc), _p(cache_indices), _p(has_initial_state), activation, pad_slot_id,
+        _p(out), _p(checkpoint_offsets), _p(checkpoint_slots)))
 
 
 @_custom_op("causal_conv1d_update", mutates_args=("conv_states", "out"))
@@ -280,10 +292,9 @@ def _causal_conv1d_update(
     out: Tensor,
     num_threads: int = 0,
 ) -> None:
-    ssmk.causal_conv1d_update(
-        _d(x), _d(conv_states), _d(weight), _d(out), bias=_d(bias),
-        conv_state_indices=_d(conv_state_indices), num_accepted_tokens=_d(num_accepted_tokens),
-        activation=activation, pad_slot_id=pad_slot_id, ctx=_context(num_threads))
+    _check("ssmk_causal_conv1d_update", _lib.ssmk_causal_conv1d_update(
+        _context(num_threads).handle, _p(x), _p(conv_states), _p(weight), _p(bias),
+        _p(conv_state_indices), _p(num_accepted_tokens), activation, pad_slot_id, _p(out)))
 
 
 @_custom_op("gdn_gating", mutates_args=("g", "beta"))
@@ -298,9 +309,9 @@ def _gdn_gating(
     beta: Tensor,
     num_threads: int = 0,
 ) -> None:
-    ssmk.gdn_gating(
-        _d(A_log), _d(a), _d(b), _d(dt_bias), _d(g), _d(beta), softplus_beta=softplus_beta,
-        softplus_threshold=softplus_threshold, ctx=_context(num_threads))
+    _check("ssmk_gdn_gating", _lib.ssmk_gdn_gating(
+        _context(num_threads).handle, _p(A_log), _p(a), _p(b), _p(dt_bias), softplus_beta,
+        softplus_threshold, _p(g), _p(beta)))
 
 
 @_custom_op("kda_gating", mutates_args=("g", "beta"))
@@ -314,9 +325,9 @@ def _kda_gating(
     beta: Optional[Tensor],
     num_threads: int = 0,
 ) -> None:
-    ssmk.kda_gating(
-        _d(A_log), _d(a), _d(g), dt_bias=_d(dt_bias), lower_bound=lower_bound, b=_d(b),
-        beta=_d(beta), ctx=_context(num_threads))
+    _check("ssmk_kda_gating", _lib.ssmk_kda_gating(
+        _context(num_threads).handle, _p(A_log), _p(a), _p(dt_bias), lower_bound, _p(b), _p(g),
+        _p(beta)))
 
 
 @_custom_op("gated_delta_rule", mutates_args=("state", "out"))
@@ -340,12 +351,10 @@ def _gated_delta_rule(
     checkpoint_offsets: Optional[Tensor] = None,
     checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
-    ssmk.gated_delta_rule(
-        _d(q), _d(k), _d(v), _d(g), _d(beta), _d(out), state=_d(state), cu_seqlens=_d(cu_seqlens),
-        state_indices=_d(state_indices), has_initial_state=_d(has_initial_state),
-        num_accepted_tokens=_d(num_accepted_tokens), scale=scale, flags=flags,
-        l2norm_eps=l2norm_eps, pad_slot_id=pad_slot_id, ctx=_context(num_threads),
-        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
+    _check("ssmk_gated_delta_rule", _lib.ssmk_gated_delta_rule(
+        _context(num_threads).handle, _p(q), _p(k), _p(v), _p(g), _p(beta), scale, _p(state),
+        _p(cu_seqlens), _p(state_indices), _p(has_initial_state), _p(num_accepted_tokens), flags,
+        l2norm_eps, pad_slot_id, _p(out), _p(checkpoint_offsets), _p(checkpoint_slots)))
 
 
 @_custom_op("short_conv", mutates_args=("conv_states", "out"))
@@ -363,12 +372,10 @@ def _short_conv(
     checkpoint_offsets: Optional[Tensor] = None,
     checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
-    ssmk.short_conv(
-        _d(bcx), _d(weight), _d(out), bias=_d(bias), conv_states=_d(conv_states),
-        query_start_loc=_d(query_start_loc), cache_indices=_d(cache_indices),
-        has_initial_state=_d(has_initial_state), pad_slot_id=pad_slot_id,
-        ctx=_context(num_threads),
-        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
+    _check("ssmk_short_conv", _lib.ssmk_short_conv(
+        _context(num_threads).handle, _p(bcx), _p(weight), _p(bias), _p(conv_states),
+        _p(query_start_loc), _p(cache_indices), _p(has_initial_state), pad_slot_id, _p(out),
+        _p(checkpoint_offsets), _p(checkpoint_slots)))
 
 
 @_custom_op("mamba2_scan", mutates_args=("state", "out"))
@@ -395,18 +402,17 @@ def _mamba2_scan(
     checkpoint_offsets: Optional[Tensor] = None,
     checkpoint_slots: Optional[Tensor] = None,
 ) -> None:
-    ssmk.mamba2_scan(
-        _d(x), _d(dt), _d(A), _d(B), _d(C), _d(out), D=_d(D), z=_d(z), dt_bias=_d(dt_bias),
-        dt_min=dt_min, dt_max=dt_max, flags=flags, state=_d(state), cu_seqlens=_d(cu_seqlens),
-        state_indices=_d(state_indices), has_initial_state=_d(has_initial_state),
-        num_accepted_tokens=_d(num_accepted_tokens), pad_slot_id=pad_slot_id,
-        ctx=_context(num_threads),
-        checkpoint_offsets=_d(checkpoint_offsets), checkpoint_slots=_d(checkpoint_slots))
+    _check("ssmk_mamba2_scan", _lib.ssmk_mamba2_scan(
+        _context(num_threads).handle, _p(x), _p(dt), _p(A), _p(B), _p(C), _p(D), _p(z),
+        _p(dt_bias), dt_min, dt_max, flags, _p(state), _p(cu_seqlens), _p(state_indices),
+        _p(has_initial_state), _p(num_accepted_tokens), pad_slot_id, _p(out),
+        _p(checkpoint_offsets), _p(checkpoint_slots)))
 
 
 @_custom_op("zero_blocks", mutates_args=("cache",))
 def _zero_blocks(cache: Tensor, block_ids: Tensor, num_threads: int = 0) -> None:
-    ssmk.zero_blocks(_d(cache), _d(block_ids), ctx=_context(num_threads))
+    _check("ssmk_zero_blocks", _lib.ssmk_zero_blocks(_context(num_threads).handle, _p(cache),
+                                                     _p(block_ids)))
 
 
 @_custom_op("zero_blocks_multi", mutates_args=("caches",))
@@ -415,7 +421,7 @@ def _zero_blocks_multi(caches: List[Tensor], block_ids: Tensor, num_threads: int
     arr = (ssmk.POINTER(ssmk.TensorStruct) * max(1, len(descs)))(
         *[ssmk.ctypes.pointer(d.struct) for d in descs])
     ids = _Desc(block_ids)
-    ssmk._check("ssmk_zero_blocks_multi", ssmk.lib.ssmk_zero_blocks_multi(
+    _check("ssmk_zero_blocks_multi", _lib.ssmk_zero_blocks_multi(
         _context(num_threads).handle, arr, len(descs), ids.ptr))
 
 

@@ -37,11 +37,11 @@ nothing patched. :func:`patched` lists the seams replaced in this process (logge
 handed back to vLLM's own code (cases ssmk's path does not take, e.g. a speculative-decode
 Mamba-2 step whose source and destination slots differ). :func:`serve` switches the installed
 seams between ssmk and vLLM's own code in a running process (A/B comparisons on one engine).
-ssmk's calls run on torch's OpenMP
-threads (``SSMK_POOL=openmp``, set unless already set: one set of threads on the cores, not two
-fighting), on ``torch.get_num_threads()`` of them; ``SSMK_POOL=ssmk`` keeps ssmk's private pool
-and then runs calls without a prefill (decode steps) on the calling thread
-(``SSMK_VLLM_DECODE_THREADS``: default 0 = as prefills on OpenMP, 1 on the private pool).
+ssmk's calls run on torch's OpenMP threads (``SSMK_POOL=openmp``, set unless already set: one
+set of threads on the cores, not two fighting), on ``torch.get_num_threads()`` of them;
+``SSMK_POOL=ssmk`` keeps ssmk's private pool and then runs calls without a prefill (decode steps)
+on the calling thread (``SSMK_VLLM_DECODE_THREADS``: default 0 = as prefills on OpenMP, 1 on the
+private pool).
 """
 
 import collections
@@ -278,7 +278,8 @@ def _scratch(name, rows, row_shape, dtype, device):
     which the layer step consumes before it returns; the next layer's step reuses them. A view
     of a kept buffer costs ~3 us from a decode step's cold caches, a fresh ``torch.empty`` ~20 us
     (measured), and a GDN step has three. Steps with prefills allocate (their size is unbounded,
-    and their kernels dwarf an allocation)."""
+    and their kernels dwarf an allocation). One process runs one layer step at a time, as
+    vLLM's CPU worker does (its tensor-parallel ranks are processes)."""
     import torch
 
     key = (name, row_shape, dtype, device)

@@ -420,9 +420,8 @@ def _zero_blocks_multi(caches: List[Tensor], block_ids: Tensor, num_threads: int
     descs = [_Desc(c) for c in caches]  # an array of pointers: ctypes.pointer, not byref
     arr = (ssmk.POINTER(ssmk.TensorStruct) * max(1, len(descs)))(
         *[ssmk.ctypes.pointer(d.struct) for d in descs])
-    ids = _Desc(block_ids)
     _check("ssmk_zero_blocks_multi", _lib.ssmk_zero_blocks_multi(
-        _context(num_threads).handle, arr, len(descs), ids.ptr))
+        _context(num_threads).handle, arr, len(descs), _p(block_ids)))
 
 
 @_custom_op("batch_memcpy", mutates_args=("dst",))

@@ -300,9 +300,9 @@ fn reference(p: &Gdn, seqs: &[RefSeq]) -> Expect {
             let a: Vec<f64> = match per_channel {
                 true => g[(t * hv_n + hv) * kd..][..kd]
                     .iter()
-                    .map(|x| x.exp())
+                    .map(|&x| clamped_decay(x))
                     .collect(),
-                false => vec![g[t * hv_n + hv].exp(); kd],
+                false => vec![clamped_decay(g[t * hv_n + hv]); kd],
             };
             let b = beta[t * hv_n + hv];
             let sm = &mut state[hv * kd * vd..][..kd * vd];
@@ -352,6 +352,12 @@ fn verify(before: &Gdn, after: &Gdn, exp: &Expect, what: &str) {
             )
         });
     }
+}
+
+/// `exp(g)` as the header documents it: a log-decay below -87.33655 (`-inf` included) acts as
+/// -87.33655, the smallest normal float's exponent.
+fn clamped_decay(g: f64) -> f64 {
+    g.max(-87.336_55).exp()
 }
 
 /// A batch of `lens` over a pool with two spare slots, slots reversed, alternate initial states.
@@ -660,6 +666,80 @@ fn two_calls_equal_one_call() {
                 assert!(st.close(*b, *a), "{what}: state[{j}] {b} vs one call {a}");
             }
         }
+    }
+}
+
+/// Gates far below the exp clamp (-87.3) — -87, -1e4, -1e5, -1e30 and `-inf` in one token of
+/// ten — per v-head and per key channel, every state dtype: every ISA on both paths against the
+/// clamped reference, in a batch mixing a decode, a short prefill and long ones, and a chunked
+/// prefill split over two calls against one call.
+#[test]
+fn every_isa_extreme_log_decays_match_clamped_reference() {
+    let lens = [1usize, 2, 50, 33];
+    let mut seed = 4900;
+    for depth in [-87.0f32, -1e4, -1e5, -1e30, f32::NEG_INFINITY] {
+        for kda in [false, true] {
+            for state in STATES {
+                seed += 1;
+                let mut p = batch_case(seed, &lens, (2, 4), (24, 8), DType::BF16, state, true);
+                if kda {
+                    p = p.with_channel_decays(seed);
+                }
+                let mut rng = Rng::new(seed);
+                let g = p.g.base().cast::<f32>();
+                for i in 0..p.g.numel() {
+                    if rng.below(10) == 0 {
+                        unsafe { g.add(i).write(depth) };
+                    }
+                }
+                let what = format!("g {depth} kda {kda} state {state:?}");
+                run_and_verify(&p, &what);
+                split_prefill_agrees(&p, &lens, 2, 21, &what);
+            }
+        }
+    }
+}
+
+/// Sequence `b` of `p` (its other sequences dropped) on the chunked path in one call, and split
+/// after `split` tokens over two, agree within twice the tolerance.
+fn split_prefill_agrees(p: &Gdn, lens: &[usize], b: usize, split: usize, what: &str) {
+    let start: usize = lens[..b].iter().sum();
+    let cu =
+        |a: usize, z: usize| Tensor::ints(DType::I32, &[(start + a) as i64, (start + z) as i64]);
+    let slot = values(p.idx.as_ref().unwrap())[b] as i64;
+    let mut one = p.clone();
+    (one.idx, one.init) = (
+        Some(Tensor::ints(DType::I32, &[slot])),
+        Some(Tensor::ints(DType::U8, &[1])),
+    );
+    let mut two = one.clone();
+    one.cu = Some(cu(0, lens[b]));
+    one.run(Path::Chunked, std::ptr::null(), what);
+    two.cu = Some(cu(0, split));
+    two.run(Path::Chunked, std::ptr::null(), what);
+    two.cu = Some(cu(split, lens[b]));
+    two.run(Path::Chunked, std::ptr::null(), what);
+    let rows = start * p.hv * p.vd..(start + lens[b]) * p.hv * p.vd;
+    let (o1, o2) = (values(&one.out), values(&two.out));
+    let ot = tol(p.out.dtype).times(2.0);
+    for j in rows {
+        assert!(
+            ot.close(o2[j], o1[j]),
+            "{what}: split out[{j}] {} vs one call {}",
+            o2[j],
+            o1[j]
+        );
+    }
+    let (s1, s2) = (
+        values(one.state.as_ref().unwrap()),
+        values(two.state.as_ref().unwrap()),
+    );
+    let st = tol(one.state.as_ref().unwrap().dtype).times(2.0);
+    for (j, (a, b)) in s1.iter().zip(&s2).enumerate() {
+        assert!(
+            st.close(*b, *a),
+            "{what}: split state[{j}] {b} vs one call {a}"
+        );
     }
 }
 

@@ -448,7 +448,7 @@ fn reference(p: &Scan, seqs: &[RefSeq]) -> Expect {
             }
             d = d.max(p.dt_min as f64).min(p.dt_max as f64);
             let decay: Vec<f64> = (0..nd)
-                .map(|j| (d * a[if per_state { h * nd + j } else { h }]).exp())
+                .map(|j| clamped_decay(d * a[if per_state { h * nd + j } else { h }]))
                 .collect();
             let bt = &b[(t * ng + grp) * nd..][..nd];
             let ct = &c[(t * ng + grp) * nd..][..nd];
@@ -726,6 +726,51 @@ fn every_isa_large_decays_match_reference() {
         let mut p = batch_case(65 + i as u64, &[130, 1, 64], (4, 32, 2, 16), o);
         hard_then_soft(&mut p, 1, 1.25, 1e-3);
         run_and_verify(&p, &format!("hard then soft decays, act {act:?}"));
+    }
+}
+
+/// `exp(d A)` as the header documents it: an exponent below -87.33655 (`-inf` included) acts as
+/// -87.33655, the smallest normal float's exponent.
+fn clamped_decay(x: f64) -> f64 {
+    x.max(-87.336_55).exp()
+}
+
+/// `d A` far below the exp clamp (-87.3): -87, -1e4, -1e5, -1e30 and `-inf`. A Mamba-2 head
+/// decays by about the depth for the first 56 tokens of each 64-token stretch and by -0.01 for
+/// the other 8 (finite depths: the chunk's cumulative exponent reaches 56 times the depth;
+/// `-inf` decays on every token), and one in ten of Mamba-1's per-channel rates is the depth:
+/// every ISA on both paths against the clamped reference.
+#[test]
+fn every_isa_extreme_decays_match_clamped_reference() {
+    for (i, depth) in [-87.0f64, -1e4, -1e5, -1e30, f64::NEG_INFINITY]
+        .into_iter()
+        .enumerate()
+    {
+        let o = Opts {
+            bias: false,
+            softplus: false,
+            ..Opts::all(DType::BF16, DType::F32)
+        };
+        let mut p = batch_case(4900 + i as u64, &[1, 130, 3, 64], (4, 32, 2, 16), o);
+        let soft = if depth.is_finite() {
+            0.01 / -depth
+        } else {
+            1.0
+        };
+        hard_then_soft(&mut p, 1, 1.0, soft);
+        p.a.set(&[1], depth);
+        run_and_verify(&p, &format!("Mamba-2 d A {depth}"));
+        let o = mamba1(Opts::all(DType::F32, DType::F32));
+        let mut p = batch_case(4950 + i as u64, &[1, 90, 5], (37, 1, 1, 16), o);
+        let mut rng = Rng::new(4950 + i as u64);
+        for h in 0..37 {
+            for n in 0..16 {
+                if rng.below(10) == 0 {
+                    p.a.set(&[h, n], depth);
+                }
+            }
+        }
+        run_and_verify(&p, &format!("Mamba-1 A {depth}"));
     }
 }
 

@@ -10,6 +10,7 @@ use std::ptr::{null, null_mut};
 
 use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
+use ssmk::ffi::context::ssmk_context;
 use ssmk::ffi::conv::{SSMK_ACTIVATION_NONE, ssmk_causal_conv1d_fwd};
 use ssmk::ffi::short_conv::ssmk_short_conv;
 use ssmk::ffi::status::*;
@@ -320,6 +321,50 @@ fn every_isa_special_values_match_composition() {
                             "{what}: out[{t}][{c}] = {g:e}, composition {w:e}"
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// NaNs, infinities and subnormals in the inputs, states and taps: outputs and states are the
+/// same bits, NaN payloads included, on 1, 2 and 3 threads and on the task splits of 16 and 64
+/// (recording contexts), on every ISA (a channel's path, vector body or scalar tail, follows the
+/// split).
+#[test]
+fn every_isa_special_values_are_bitwise_equal_for_every_thread_count() {
+    let mut rng = Rng::new(4901);
+    let contexts = [
+        (1, Ctx::new(1)),
+        (2, Ctx::new(2)),
+        (3, Ctx::new(3)),
+        (16, Ctx(ssmk_context::recording(16))),
+        (64, Ctx(ssmk_context::recording(64))),
+    ];
+    for (dtype, wide) in [
+        (DType::BF16, true),
+        (DType::F16, false),
+        (DType::F32, false),
+    ] {
+        for (width, lens) in [(3, &[1, 70, 5, 300][..]), (4, &[2, 1, 33])] {
+            let mut case = Case::new(dtype, 140, width, lens, 11 + width as u64);
+            if wide {
+                case.weight = widened(&case.weight);
+                case.states = case.states.as_ref().map(widened);
+            }
+            sprinkle_specials(&mut case.bcx, &mut rng, 20);
+            sprinkle_specials(case.states.as_mut().unwrap(), &mut rng, 20);
+            sprinkle_specials(&mut case.weight, &mut rng, 100);
+            for isa in Isa::under_test() {
+                let what = format!("{dtype:?} wide={wide} W={width} {isa:?}");
+                let (out, states) = case.fused(&contexts[0].1, Some(isa));
+                for (threads, ctx) in &contexts[1..] {
+                    let (o, s) = with_every_call_parallel(|| case.fused(ctx, Some(isa)));
+                    assert!(o.bytes() == out.bytes(), "{what}: out, {threads} threads");
+                    assert!(
+                        s.unwrap().bytes() == states.as_ref().unwrap().bytes(),
+                        "{what}: states, {threads} threads"
+                    );
                 }
             }
         }

@@ -279,10 +279,14 @@ pub unsafe extern "C" fn ssmk_kda_gating(
 /// `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
 /// where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. With `g` `[T, HV]`
 /// (Gated DeltaNet) `a_t` scales the whole state; with `g` `[T, HV, K]` (Kimi Delta Attention)
-/// `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. Log-decays below about -87
-/// act as -87 (`exp` is clamped to the smallest normal float, never 0, NaN or inf); `g > 0` is
-/// unspecified. Long sequences use the chunked WY form (chunks of 16 tokens; with per-channel
-/// decays it only ever exponentiates or multiplies decays <= 1), short ones the recurrence; both agree with the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
+/// `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. A log-decay below
+/// -87.33655 (-1e30, `-inf` and NaN included) acts as -87.33655: each token's `exp(g)` is clamped
+/// below at the smallest normal float (~1.18e-38), never 0, NaN or inf, on every path and ISA
+/// (the reference clamps alike); a product of decays over several tokens may then flush to 0
+/// below 2^-60 (an absolute error under 2^-60 of the state). `g > 0` is unspecified. Long
+/// sequences use the chunked WY form (chunks of 16 tokens; it only ever multiplies per-token
+/// decays <= 1, never subtracts cumulative log-decays), short ones the recurrence; both agree with
+/// the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
 /// state is rounded once per sequence (once per token in speculative mode). Results are bitwise
 /// identical for any thread count, and a sequence's results do not depend on the others in the call.
 ///

@@ -61,7 +61,10 @@ fn decay_rates(
 /// `d = dt + dt_bias` (bias 0 when NULL), `d = softplus(d)` with SSMK_MAMBA2_DT_SOFTPLUS
 /// (`x` above 20, else `log(1 + e^x)`), `d = min(max(d, dt_min), dt_max)`;
 /// `h_t = exp(d A[h]) h_{t-1} + d x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, and with `z`
-/// `y_t *= silu(z_t)`.
+/// `y_t *= silu(z_t)`. An exponent `d A` below -87.33655 (-1e30 and `-inf` included) acts as
+/// -87.33655: each token's decay is clamped below at the
+/// smallest normal float (~1.18e-38), never NaN, on every path and ISA; the chunked form sums
+/// exponents only over the tokens a factor spans, never subtracting cumulative sums.
 ///
 /// `A` of shape `[NH, N]` gives every state channel its own rate (Mamba-1: Jamba, Falcon-Mamba,
 /// Mamba, Zamba): `h_t[p][n] = exp(d A[h][n]) h_{t-1}[p][n] + d x_t[p] B_t[n]`. A Mamba-1 layer of

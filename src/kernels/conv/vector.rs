@@ -15,14 +15,16 @@
 //! is expensive (a column walk touches one line per page). A window row before the sequence start
 //! comes from the state (or is zero), the rest from `x`; the state is written only after all of a
 //! piece's outputs are stored, by the task holding the sequence's first piece. Channels past the
-//! last full vector take a scalar path with the same order of multiply-adds. ShortConv's gated
+//! last full vector take a scalar path with the same order of multiply-adds; NaN outputs are
+//! stored as the default quiet NaN, since which NaN an operation passes on differs between the
+//! two paths, and the task split decides which path a channel takes. ShortConv's gated
 //! inputs are computed once: a tile keeps its last `W-1` for the next ([`KeptCursor`]).
 
 use super::reference::output as scalar_output;
 use super::{MAX_WIDTH, Piece, Plan, Problem, Seq, StateUpdate};
 use crate::dtype::DType;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::simd::{Simd, SimdElement};
+use crate::kernels::simd::{Simd, SimdElement, canonical_nan};
 
 /// Widest vector supported (AVX-512, f32 lanes).
 pub(super) const MAX_LANES: usize = 16;
@@ -116,11 +118,11 @@ impl RowIo for Plain {
         c: usize,
         v: S::V,
     ) {
-        unsafe { A::store::<S>(out.add(c), v) }
+        unsafe { A::store::<S>(out.add(c), S::canonical_nan(v)) }
     }
     #[inline(always)]
     unsafe fn store1<A: SimdElement>(&self, out: *mut A, _row: *const A, c: usize, v: f32) {
-        unsafe { out.add(c).write(A::from_f32(v)) }
+        unsafe { out.add(c).write(A::from_f32(canonical_nan(v))) }
     }
 }
 
@@ -154,15 +156,16 @@ impl RowIo for Gated {
     unsafe fn store<S: Simd, A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: S::V) {
         unsafe {
             let gate = A::load::<S>(row.add(c).wrapping_sub(self.c_back));
-            A::store_product::<S>(out.add(c), S::mul(gate, A::round::<S>(v)))
+            let y = S::mul(gate, A::round::<S>(v));
+            A::store_product::<S>(out.add(c), S::canonical_nan(y))
         }
     }
     #[inline(always)]
     unsafe fn store1<A: SimdElement>(&self, out: *mut A, row: *const A, c: usize, v: f32) {
         unsafe {
             let gate = row.add(c).wrapping_sub(self.c_back).read().to_f32();
-            out.add(c)
-                .write(A::from_f32(gate * A::from_f32(v).to_f32()))
+            let y = gate * A::from_f32(v).to_f32();
+            out.add(c).write(A::from_f32(canonical_nan(y)))
         }
     }
     #[inline(always)]

@@ -18,13 +18,17 @@
 //! pass 2 per (sequence, v-head) after it ([`intra_task`], [`inter`]). Everything is f32; the
 //! state stays f32 for the whole sequence.
 //!
-//! Per-channel decays (KDA) make `G` a `K`-vector per token, so `e^(G_i - G_j)` no longer factors
-//! out of `k k^T`, and `e^(+G)` of a chunk (up to `e^(16*20)`) cannot be formed. [`intra`] then
-//! works from the per-token decays `a = e^g <= 1` only: every factor it forms is a product of
-//! consecutive `a`s (so `<= 1`, accurate to a few ulps, never a difference of large cumulative
-//! sums). `k k^T` and `q k^T` are summed pair by pair with the running product (`C (C+1) / 2`
-//! pairs, few at `C = 16`; within `C * 2^-60` absolute, see [`pair_products`]); `q e^G`,
-//! `k e^(G_last - G)` and `e^(G_last)` are running products too, one decay per row of the state.
+//! Every decay factor is formed from the per-token decays `a = e^g <= 1` only (the clamped exp:
+//! a log-decay below -87.3, `-inf` included, acts as -87.3), as a product of consecutive `a`s
+//! (so `<= 1`, accurate to a few ulps, flushed to zero below `2^-60`), never as a difference of
+//! the chunk's cumulative log-decays: that difference carries their rounding (`|G|` ulps, all of
+//! a small decay after a huge one) and is NaN after `-inf`. With one decay per v-head, `D[i][j] =
+//! e^(G_i - G_j)` is one row of running products per token ([`next_decay_row`]) and factors out
+//! of `k k^T` and `q k^T`. Per-channel decays (KDA) make `G` a `K`-vector per token, so
+//! `e^(G_i - G_j)` no longer factors out; [`intra`] then sums `k k^T` and `q k^T` pair by pair
+//! with the running product (`C (C+1) / 2` pairs, few at `C = 16`; within `C * 2^-60` absolute,
+//! see [`pair_products`]); `q e^G`, `k e^(G_last - G)` and `e^(G_last)` are running products
+//! too, one decay per row of the state.
 
 use std::ops::Range;
 
@@ -34,7 +38,7 @@ pub use crate::kernels::chunking::Chunk;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::gemm::{MatA, Start, gemm};
 use crate::kernels::simd::{
-    Simd, exp_in_place, exp_into, load_row_simd, scale_into, store_row_simd, transpose,
+    Simd, exp_in_place, load_row_simd, scale_into, store_row_simd, transpose,
 };
 
 const C: usize = CHUNK;
@@ -395,38 +399,43 @@ unsafe fn intra_per_head<S: Simd>(
         }
         r0 += rows;
     }
-    let mut diff = [0f32; C];
     let mut a_row = [0f32; C];
-    let mut gcum = [0f32; C];
+    let mut decay = [0f32; C];
+    let mut d_row = [0f32; C];
     let mut beta = [0f32; C];
     let mut eg = [0f32; C];
-    let mut etail = [0f32; C];
     for j in task.members() {
         let hv = args.v_head(h, j);
         let hs = task.head(j);
-        // Cumulative log-decay.
-        let mut run = 0f32;
         for i in 0..m {
             let (g, b) = unsafe { args.gate(chunk.start + i, hv) };
-            run += g;
-            gcum[i] = run;
+            decay[i] = g;
             beta[i] = b;
         }
-        let glast = gcum[m - 1];
-        unsafe { exp_into::<S>(&gcum[..m], &mut eg[..m]) };
-        for i in 0..m {
-            diff[i] = glast - gcum[i];
+        // Per-token decays `a = e^g` with the clamped exp (a log-decay below -87.3, -inf
+        // included, acts as -87.3), and every factor below a product of consecutive ones: a
+        // difference of the chunk's cumulative log-decays would lose the small decays after a
+        // huge one (|G| ulp) and give NaN after -inf.
+        unsafe { exp_in_place::<S>(&mut decay[..m]) };
+        // e^G_i = a_0 ... a_i.
+        let mut e = 1f32;
+        for (eg, &a) in eg.iter_mut().zip(&decay[..m]) {
+            e = e.mul_add(a, -FLUSH).max(0.0);
+            *eg = e;
         }
-        unsafe { exp_into::<S>(&diff[..m], &mut etail[..m]) };
         let p = unsafe { std::slice::from_raw_parts_mut(hs.p, C * C) };
         let tinv = unsafe { std::slice::from_raw_parts_mut(hs.t, C * C) };
         tinv.fill(0.0);
+        d_row.fill(0.0);
         for i in 0..m {
+            unsafe { next_decay_row::<S>(i, decay[i], &mut d_row) };
             let rows = [&qk[i * C..(i + 1) * C], &kk[i * C..(i + 1) * C]];
-            unsafe { decay_rows::<S>(i, &gcum, beta[i], rows, &mut p[i * C..], &mut a_row) };
+            unsafe { decay_rows::<S>(i, &d_row, beta[i], rows, &mut p[i * C..], &mut a_row) };
             unsafe { inverse_row::<S>(tinv.as_mut_ptr(), i, &a_row[..i]) };
             next.rows(2);
         }
+        // The last row of D is e^(G_last - G_i).
+        let etail = &d_row;
         unsafe {
             for i in 0..m {
                 let (qi, ki) = (q[i * kp..].as_ptr(), k[i * kp..].as_ptr());
@@ -435,24 +444,42 @@ unsafe fn intra_per_head<S: Simd>(
                 scale_into::<S>(qi, eg[i], hs.qg.add(i * kp), kp);
                 scale_into::<S>(ki, etail[i], hs.kdec.add(i * kp), kp);
             }
-            std::slice::from_raw_parts_mut(hs.elast, kp).fill(glast.exp());
+            std::slice::from_raw_parts_mut(hs.elast, kp).fill(eg[m - 1]);
             store_y::<S>(args, chunk, hv, &hs, &beta[..m]);
             each(j, &hs);
         }
     }
 }
 
+/// Row `i` of `D` from row `i - 1` (`d` zero from column `i` on): `D[i][j] = a_(j+1) ... a_i`
+/// for `j < i` (each product flushed as [`decay_product`]), `D[i][i] = 1`, zero right of it.
+///
+/// # Safety
+/// The CPU supports `S`.
+#[inline(always)]
+unsafe fn next_decay_row<S: Simd>(i: usize, a: f32, d: &mut [f32; C]) {
+    unsafe {
+        let a = S::splat(a);
+        for j0 in (0..i).step_by(S::LANES) {
+            let p = d.as_mut_ptr().add(j0);
+            S::store_f32(p, decay_product::<S>(S::load_f32(p), a));
+        }
+    }
+    d[i] = 1.0;
+}
+
 /// Row `i` of `P = q k^T o D` (lower incl. the diagonal, zero to its right) and of
-/// `A = beta_i (k k^T o D)` (read left of the diagonal only), with `D[i][j] = e^(G_i - G_j)`,
-/// from rows `[qk, kk]`, a vector of columns at a time (the one holding the diagonal through a
-/// buffer, so no column right of it is read: a NaN decay there must not reach row `i`).
+/// `A = beta_i (k k^T o D)` (read left of the diagonal only), with `D[i][j] = e^(G_i - G_j)`
+/// (row `d`, see [`next_decay_row`]), from rows `[qk, kk]`, a vector of columns at a time (the
+/// one holding the diagonal through a buffer, so no column right of it is read: an infinite
+/// product there must not reach row `i` as NaN).
 ///
 /// # Safety
 /// The CPU supports `S`; `p` and `a` hold `C` floats.
 #[inline(always)]
 unsafe fn decay_rows<S: Simd>(
     i: usize,
-    gcum: &[f32; C],
+    d: &[f32; C],
     beta: f32,
     [qk, kk]: [&[f32]; 2],
     p: &mut [f32],
@@ -461,26 +488,16 @@ unsafe fn decay_rows<S: Simd>(
     debug_assert!(qk.len() == C && kk.len() == C && p.len() >= C && a.len() >= C);
     let lanes = S::LANES;
     unsafe {
-        let (gi, beta_v) = (S::splat(gcum[i]), S::splat(beta));
+        let beta_v = S::splat(beta);
         for j0 in (0..C).step_by(lanes) {
             if j0 > i {
                 S::store_f32(p.as_mut_ptr().add(j0), S::zero());
                 continue;
             }
             let n = (i + 1 - j0).min(lanes);
-            let mut x = [0f32; 16];
-            let exponents = match n == lanes {
-                true => S::sub(gi, S::load_f32(gcum.as_ptr().add(j0))),
-                false => {
-                    for (l, x) in x.iter_mut().enumerate().take(n) {
-                        *x = gcum[i] - gcum[j0 + l];
-                    }
-                    S::load_f32(x.as_ptr())
-                }
-            };
-            let d = S::exp(exponents);
-            let qk_d = S::mul(S::load_f32(qk.as_ptr().add(j0)), d);
-            let kk_d = S::mul(S::mul(beta_v, S::load_f32(kk.as_ptr().add(j0))), d);
+            let dv = S::load_f32(d.as_ptr().add(j0));
+            let qk_d = S::mul(S::load_f32(qk.as_ptr().add(j0)), dv);
+            let kk_d = S::mul(S::mul(beta_v, S::load_f32(kk.as_ptr().add(j0))), dv);
             if n == lanes {
                 S::store_f32(p.as_mut_ptr().add(j0), qk_d);
                 S::store_f32(a.as_mut_ptr().add(j0), kk_d);

@@ -4,6 +4,7 @@
 
 use super::{DeltaRule, StateWrite, load_row, read_f32, write_f32};
 use crate::dtype::DType;
+use crate::kernels::simd::MIN_EXP;
 use crate::runtime::Context;
 
 /// # Safety
@@ -116,7 +117,8 @@ unsafe fn sequence_head(args: &DeltaRule, b: usize, hv: usize) {
         }
         kv.iter_mut().for_each(|x| *x = 0.0);
         for r in 0..kd {
-            let decay = (g_row[r] as f64).exp();
+            // The kernels' clamp (NaN and -inf act as `MIN_EXP`), so every path agrees.
+            let decay = (g_row[r].max(MIN_EXP) as f64).exp();
             for j in 0..vd {
                 s[r * vd + j] *= decay;
                 kv[j] += s[r * vd + j] * k[r];

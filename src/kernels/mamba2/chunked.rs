@@ -17,7 +17,7 @@ use crate::dtype::DType;
 use crate::kernels::chunking::{Chunk, TaskBuffer};
 use crate::kernels::gdn::gating::softplus_v;
 use crate::kernels::gemm::{MatA, Start, gemm};
-use crate::kernels::simd::{Simd, exp_into, load_row_simd, store_row_simd, transpose};
+use crate::kernels::simd::{Simd, clamped_exp, exp_into, load_row_simd, store_row_simd, transpose};
 use crate::kernels::strided::{load_row, prefetch_l2, read_f32};
 use crate::kernels::{Sequence, StateWrite};
 use std::ops::Range;
@@ -353,7 +353,7 @@ unsafe fn chunk_head<S: Simd>(
             scale_row::<S>(&mut xs[row], w);
         }
         if have_state {
-            let decay = cs[m - 1].exp();
+            let decay = clamped_exp(cs[m - 1]);
             scale_row::<S>(state_t, decay);
         }
         let b_cols = MatA {

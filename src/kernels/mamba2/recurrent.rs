@@ -8,7 +8,9 @@
 
 use super::Scan;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::simd::{Simd, SimdElement, load_row_simd, store_row_simd, transpose};
+use crate::kernels::simd::{
+    Simd, SimdElement, clamped_exp, load_row_simd, store_row_simd, transpose,
+};
 use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
 use crate::kernels::{Sequence, StateWrite};
 
@@ -403,7 +405,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
             rows::<S, St, _>(args, seq, h, PerState(decay, np), step, bc, x, y, row);
         } else {
             for i in 0..len {
-                decay[i] = (step[i] * args.a[h]).exp();
+                decay[i] = clamped_exp(step[i] * args.a[h]);
             }
             rows::<S, St, _>(args, seq, h, PerHead(decay), step, bc, x, y, row);
         }
@@ -569,7 +571,7 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
         unsafe {
             let step = args.step(t, h);
             for (n, e) in decay[..nd].iter_mut().enumerate() {
-                *e = (step * args.a_at(h, n)).exp();
+                *e = clamped_exp(step * args.a_at(h, n));
             }
             load_row_simd::<S>(
                 args.b.at(&[t, g]),

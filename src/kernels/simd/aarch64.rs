@@ -115,6 +115,12 @@ unsafe fn any_nan_pair(v: [float32x4_t; 2]) -> bool {
     vminvq_u32(ordered) == 0
 }
 
+/// [`Simd::canonical_nan`] of one register.
+#[inline(always)]
+unsafe fn canonical_nan_quad(x: float32x4_t) -> float32x4_t {
+    vbslq_f32(vceqq_f32(x, x), x, vdupq_n_f32(f32::NAN))
+}
+
 /// 8 f16 (as u16 bits) widened to f32.
 #[inline(always)]
 unsafe fn f16_to_f32(h: uint16x8_t) -> [float32x4_t; 2] {
@@ -292,5 +298,9 @@ impl Simd for Neon {
     #[inline(always)]
     unsafe fn any_nan(v: Self::V) -> bool {
         any_nan_pair(v)
+    }
+    #[inline(always)]
+    unsafe fn canonical_nan(v: Self::V) -> Self::V {
+        both!(canonical_nan_quad(v))
     }
 }

@@ -227,6 +227,11 @@ impl Simd for Avx2 {
     unsafe fn any_nan(v: __m256) -> bool {
         _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) != 0
     }
+    #[inline(always)]
+    unsafe fn canonical_nan(v: __m256) -> __m256 {
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+        _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), nan)
+    }
 }
 
 /// AVX2 with 16 lanes in two registers, the even channels of a 16-channel group and then the
@@ -360,6 +365,10 @@ impl Simd for Avx2Pairs {
         );
         _mm256_movemask_ps(nan) != 0
     }
+    #[inline(always)]
+    unsafe fn canonical_nan(v: [__m256; 2]) -> [__m256; 2] {
+        [Avx2::canonical_nan(v[0]), Avx2::canonical_nan(v[1])]
+    }
 }
 
 /// [`bf16_high_halves`] for AVX-512.
@@ -479,5 +488,10 @@ impl Simd for Avx512 {
     #[inline(always)]
     unsafe fn any_nan(v: __m512) -> bool {
         _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v) != 0
+    }
+    #[inline(always)]
+    unsafe fn canonical_nan(v: __m512) -> __m512 {
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(f32::NAN))
     }
 }

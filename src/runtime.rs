@@ -208,8 +208,8 @@ pub(crate) const MIN_PARALLEL_BYTES: usize = 12 << 20;
 /// [`MIN_PARALLEL_BYTES`] on a team of the process's OpenMP threads (`SSMK_POOL=openmp`): in a
 /// runtime that runs its own work on them they are spinning from its last parallel region, so a
 /// team starts in microseconds, and a decode moving more than about 60 us of one core's streaming
-/// (2 MiB) gains from it (a one-sequence Gated DeltaNet decode in vLLM, measured in README
-/// "vLLM").
+/// (2 MiB) gains from it (a one-sequence Gated DeltaNet decode in vLLM, measured in
+/// docs/vllm.md).
 pub(crate) const MIN_PARALLEL_BYTES_OPENMP: usize = 2 << 20;
 
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.
@@ -395,7 +395,7 @@ type GompParallel = unsafe extern "C" fn(
 /// Whether `SSMK_POOL=openmp` is set: a runtime whose own work runs on OpenMP (torch, and so
 /// vLLM) keeps one set of threads busy on its cores. Two pools on the same cores fight: after
 /// each GEMM torch's workers spin on their cores, pinned, so ssmk's helpers wait for a timeslice
-/// (measured in README "vLLM").
+/// (measured in docs/vllm.md).
 fn openmp_requested() -> bool {
     std::env::var("SSMK_POOL").is_ok_and(|v| v == "openmp")
 }

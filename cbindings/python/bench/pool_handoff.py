@@ -3,7 +3,7 @@
 A script, not a test: the pattern of a vLLM step, whose OpenMP workers keep spinning on the
 other cores after each GEMM while the recurrent layer's ssmk call wants those cores for its own
 workers. This is what ``ssmk.vllm`` decides its decode calls' ``num_threads`` from
-(``SSMK_VLLM_DECODE_THREADS``, README "vLLM").
+(``SSMK_VLLM_DECODE_THREADS``, docs/vllm.md).
 
 Each row: the median (and mean) time of one call over interleaved repetitions of
 ``torch.mm`` (``[16, 2048] x [2048, 6144]`` f32 on ``torch.get_num_threads()`` threads) then the

@@ -214,7 +214,7 @@ def _threads(n_prefills):
     on ssmk's private pool). A decode step's kernel work is tens of microseconds per layer, less
     than handing it to ssmk's private pool costs when vLLM's OpenMP workers are still spinning on
     the other cores after their GEMM (they are pinned there: ssmk's worker waits for a
-    timeslice); an OpenMP team starts on those spinning workers. Measured in README "vLLM"."""
+    timeslice); an OpenMP team starts on those spinning workers. Measured in docs/vllm.md."""
     return 0 if n_prefills else _decode_threads
 
 

@@ -1,7 +1,7 @@
 //! Run-time environment of the kernels: the instruction set chosen once per process, and the
 //! context that owns a private, lazily built thread pool (never rayon's global pool).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -98,20 +98,54 @@ impl Isa {
     /// emulated, that lacks the named level panics here, so a lane that silently ran AVX2 fails
     /// instead of passing.
     pub fn under_test() -> Vec<Isa> {
-        let Ok(name) = std::env::var("SSMK_TEST_ISA") else {
-            return Isa::supported();
+        let levels = match std::env::var("SSMK_TEST_ISA") {
+            Err(_) => Isa::supported(),
+            Ok(name) => {
+                let wanted = Isa::parse(&name).unwrap_or_else(|| {
+                    panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2, avx512 or neon")
+                });
+                assert!(
+                    wanted.for_this_cpu() == wanted && wanted <= Isa::active(),
+                    "SSMK_TEST_ISA = {name}, but this CPU runs {} (detected {})",
+                    Isa::active().name(),
+                    Isa::detected().name()
+                );
+                vec![wanted]
+            }
         };
-        let wanted = Isa::parse(&name).unwrap_or_else(|| {
-            panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2, avx512 or neon")
-        });
-        assert!(
-            wanted.for_this_cpu() == wanted && wanted <= Isa::active(),
-            "SSMK_TEST_ISA = {name}, but this CPU runs {} (detected {})",
-            Isa::active().name(),
-            Isa::detected().name()
-        );
-        vec![wanted]
+        log_levels_under_test(&levels);
+        levels
     }
+}
+
+/// Appends `<test binary> <test> <levels>` to the file `SSMK_TEST_ISA_LOG` names (libtest names
+/// each test's thread after the test), so CI can check which levels the `every_isa_*` tests of a
+/// `cargo test` really ran: their pass alone does not say whether this CPU ran AVX-512.
+fn log_levels_under_test(levels: &[Isa]) {
+    use std::io::Write;
+    let Ok(path) = std::env::var("SSMK_TEST_ISA_LOG") else {
+        return;
+    };
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let binary = exe.file_name().unwrap_or_default().to_string_lossy();
+    let test = std::thread::current().name().unwrap_or("?").to_owned();
+    let names: Vec<&str> = levels.iter().map(|isa| isa.name()).collect();
+    let line = format!("{binary} {test} {}\n", names.join(","));
+    thread_local! {
+        /// The line this thread logged last: a test that asks once per case logs it once.
+        static LOGGED: RefCell<String> = const { RefCell::new(String::new()) };
+    }
+    if LOGGED.with_borrow(|logged| *logged == line) {
+        return;
+    }
+    // One write of one line to a file opened for appending: lines of parallel tests stay whole.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut log| log.write_all(line.as_bytes()))
+        .unwrap_or_else(|e| panic!("SSMK_TEST_ISA_LOG = {path}: {e}"));
+    LOGGED.set(line);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -208,8 +242,8 @@ pub(crate) const MIN_PARALLEL_BYTES: usize = 12 << 20;
 /// [`MIN_PARALLEL_BYTES`] on a team of the process's OpenMP threads (`SSMK_POOL=openmp`): in a
 /// runtime that runs its own work on them they are spinning from its last parallel region, so a
 /// team starts in microseconds, and a decode moving more than about 60 us of one core's streaming
-/// (2 MiB) gains from it (a one-sequence Gated DeltaNet decode in vLLM, measured in README
-/// "vLLM").
+/// (2 MiB) gains from it (a one-sequence Gated DeltaNet decode in vLLM, measured in
+/// docs/vllm.md).
 pub(crate) const MIN_PARALLEL_BYTES_OPENMP: usize = 2 << 20;
 
 /// Threads for a context created with `num_threads == 0`: `SSMK_NUM_THREADS`, else the cores.
@@ -395,7 +429,7 @@ type GompParallel = unsafe extern "C" fn(
 /// Whether `SSMK_POOL=openmp` is set: a runtime whose own work runs on OpenMP (torch, and so
 /// vLLM) keeps one set of threads busy on its cores. Two pools on the same cores fight: after
 /// each GEMM torch's workers spin on their cores, pinned, so ssmk's helpers wait for a timeslice
-/// (measured in README "vLLM").
+/// (measured in docs/vllm.md).
 fn openmp_requested() -> bool {
     std::env::var("SSMK_POOL").is_ok_and(|v| v == "openmp")
 }

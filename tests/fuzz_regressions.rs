@@ -1,4 +1,4 @@
-//! Every finding of the fuzz targets (`fuzz/`, README "Fuzzing"), kept as a test of the normal
+//! Every finding of the fuzz targets (`fuzz/`, docs/testing.md), kept as a test of the normal
 //! suite so it stays fixed without a nightly toolchain.
 
 mod common;

@@ -105,7 +105,7 @@ def serve(on: bool = True) -> bool:
 
     For A/B comparisons on one engine: the same weights, pools, threads and memory placement for
     both paths, where two processes differ by +-10% on a shared machine
-    (``bench_vllm_throughput.py --same-process``), and for checking a result against vLLM's own
+    (``bench/vllm_throughput.py --same-process``), and for checking a result against vLLM's own
     kernels. Both paths keep their states in vLLM's pools in vLLM's layout; switch between
     ``generate`` calls. vLLM's own code keeps its limits (no KDA, Mamba-1 or Mamba-2 prefix
     caching on CPU). Calls served by vLLM's code are not counted in :func:`calls`."""
@@ -214,7 +214,7 @@ def _threads(n_prefills):
     on ssmk's private pool). A decode step's kernel work is tens of microseconds per layer, less
     than handing it to ssmk's private pool costs when vLLM's OpenMP workers are still spinning on
     the other cores after their GEMM (they are pinned there: ssmk's worker waits for a
-    timeslice); an OpenMP team starts on those spinning workers. Measured in README "vLLM"."""
+    timeslice); an OpenMP team starts on those spinning workers. Measured in docs/vllm.md."""
     return 0 if n_prefills else _decode_threads
 
 

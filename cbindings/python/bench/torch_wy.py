@@ -4,7 +4,7 @@ The torch side is what a user's fallback would run: the chunked WY form (chunk 6
 expansion, l2-normalised q/k, the triangular solve for T = (I + A)^-1 and the chunk loop, all in
 f32 on torch's CPU kernels (MKL/oneDNN GEMMs). Both take the same bf16 inputs, f32 state.
 
-    python3 bench_torch_wy.py [--tokens 2048] [--kda]   # needs torch; not part of CI
+    python3 cbindings/python/bench/torch_wy.py [--tokens 2048] [--kda]   # needs torch; not part of CI
 """
 import argparse
 import time

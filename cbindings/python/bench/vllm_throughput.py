@@ -1,4 +1,4 @@
-"""vLLM offline throughput with and without the ssmk plugin (a script, not a test).
+"""vLLM offline throughput with and without the ssmk plugin.
 
 Random-weight models of realistic layer sizes, built locally (tests_vllm/tiny_models.py):
 
@@ -26,7 +26,7 @@ code paths on an AVX-512 machine, by answering False to torch's AVX-512/AMX capa
 before vLLM reads them; ssmk is capped the same way (``SSMK_MAX_ISA=avx2``). ``native`` leaves both
 alone. Run with the venv of ``.ci/vllm-lane``::
 
-    target/py-vllm/bin/python cbindings/python/bench_vllm_throughput.py --families qwen3_5 \\
+    target/py-vllm/bin/python cbindings/python/bench/vllm_throughput.py --families qwen3_5 \\
         --threads 1,2 --batches 1,16
 """
 
@@ -38,10 +38,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# The installed ssmk (the wheel, with its library, as vLLM's plugin loader finds it), not the
-# source tree beside this script, which has no library.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+# The installed ssmk (the wheel, with its library, as vLLM's plugin loader finds it) is imported;
+# the package's source tree only lends the tiny models of the vLLM lane.
+TESTS_VLLM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests_vllm")
 
 SHAPES = {
     "qwen3_5": dict(hidden=2048, layers=4, k_heads=16, v_heads=32, head=128, attn_head=128,
@@ -67,7 +66,7 @@ def child(args):
         import ssmk.torch
 
         ssmk.torch.set_num_threads(args.ssmk_threads)
-    sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
+    sys.path.insert(0, TESTS_VLLM)
     import tiny_models
 
     kw = dict(SHAPES[args.family])

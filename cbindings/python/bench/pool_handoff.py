@@ -1,8 +1,9 @@
-"""ssmk calls right after a multi-threaded torch GEMM, on the calling thread vs on ssmk's pool
-(a script, not a test): the pattern of a vLLM step, whose OpenMP workers keep spinning on the
+"""An ssmk call right after a torch GEMM: on the calling thread against on ssmk's pool.
+
+A script, not a test: the pattern of a vLLM step, whose OpenMP workers keep spinning on the
 other cores after each GEMM while the recurrent layer's ssmk call wants those cores for its own
 workers. This is what ``ssmk.vllm`` decides its decode calls' ``num_threads`` from
-(``SSMK_VLLM_DECODE_THREADS``, README "vLLM").
+(``SSMK_VLLM_DECODE_THREADS``, docs/vllm.md).
 
 Each row: the median (and mean) time of one call over interleaved repetitions of
 ``torch.mm`` (``[16, 2048] x [2048, 6144]`` f32 on ``torch.get_num_threads()`` threads) then the
@@ -11,7 +12,7 @@ sizes: Qwen3.5's Gated DeltaNet (32 v-heads, K = V = 128), Nemotron-H's Mamba-2 
 N 128, 8 groups), LFM2's ShortConv (D 2048); decodes at batch 1 and 16 and single-sequence
 prefills. Run with any venv holding torch and ssmk::
 
-    OMP_NUM_THREADS=2 python cbindings/python/bench_pool_handoff.py --threads 2
+    OMP_NUM_THREADS=2 python cbindings/python/bench/pool_handoff.py --threads 2
 """
 
 import argparse

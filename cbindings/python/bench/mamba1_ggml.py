@@ -1,4 +1,6 @@
-"""Side by side (not CI): llama.cpp's Mamba-1 scan (``ggml_ssm_scan`` with ``A {d_state, d_inner}``,
+"""llama.cpp's Mamba-1 scan (ggml_ssm_scan) against ssmk_mamba2_scan on the same data.
+
+Side by side (not CI): llama.cpp's Mamba-1 scan (``ggml_ssm_scan`` with ``A {d_state, d_inner}``,
 through ``ggml-python``, which builds ggml from its PyPI sdist with ``-march=native``) against
 ``ssmk_mamba2_scan`` with ``A [d_inner, N]`` on the same data, a Falcon-Mamba-7B layer (d_inner
 8192, N 16), f32, one thread by default.
@@ -12,7 +14,7 @@ ggml-python is not in the torch venv: make a venv of its own, e.g.::
 
     python3 -m venv /tmp/ggml-venv && /tmp/ggml-venv/bin/pip install scikit-build-core cmake ninja numpy
     /tmp/ggml-venv/bin/pip install --no-build-isolation --no-binary ggml-python ggml-python==0.0.45
-    SSMK_LIBRARY=target/release/libssmk.so /tmp/ggml-venv/bin/python cbindings/python/bench_mamba1_ggml.py
+    SSMK_LIBRARY=target/release/libssmk.so /tmp/ggml-venv/bin/python cbindings/python/bench/mamba1_ggml.py
 
 (the ssmk side is the ctypes package, which needs no torch).
 """
@@ -31,7 +33,8 @@ import ggml.utils
 try:
     import ssmk
 except ImportError:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # The package's source, cbindings/python.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import ssmk
 
 

@@ -1,4 +1,6 @@
-"""Side by side (not CI): a Falcon-Mamba-7B-sized Mamba-1 layer (hidden 4096, d_inner 8192,
+"""A Mamba-1 layer through transformers' torch path against ssmk.transformers.
+
+Side by side (not CI): a Falcon-Mamba-7B-sized Mamba-1 layer (hidden 4096, d_inner 8192,
 N 16, dt_rank 256, conv 4) through transformers' torch path ("slow path": what runs on CPU without
 mamba_ssm / causal_conv1d) and through ``ssmk.transformers``, batch 1, one thread by default.
 
@@ -14,7 +16,7 @@ Rows:
 
 Run::
 
-    SSMK_LIBRARY=target/release/libssmk.so python cbindings/python/bench_mamba1.py \
+    SSMK_LIBRARY=target/release/libssmk.so python cbindings/python/bench/mamba1.py \
         [--threads 1] [--tokens 2048] [--ref-tokens 512] [--repeat 3]
 
 The torch reference materialises ``[B, d_inner, L, N]`` f32 tensors (1 GiB each at L = 2048) and
@@ -34,7 +36,8 @@ import torch
 try:
     import ssmk
 except ImportError:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # The package's source, cbindings/python.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import ssmk
 import ssmk.transformers as st
 import transformers as T

@@ -1,4 +1,4 @@
-"""Time one recurrent layer of realistic size through transformers, with and without ssmk.transformers.
+"""One recurrent layer of realistic size through transformers, with and without ssmk.transformers.
 
 The layer is transformers' own module class (random weights, no download), called as its decoder
 layer calls it, with a ``DynamicCache``: a prefill of ``--prefill`` tokens (batch ``--batch``), then
@@ -20,7 +20,7 @@ Layers (``--layers``; default ``qwen3_next,lfm2``):
 
 Run from the repository root (install-free)::
 
-    SSMK_LIBRARY=target/release/libssmk.so python cbindings/python/bench_transformers_layers.py
+    SSMK_LIBRARY=target/release/libssmk.so python cbindings/python/bench/transformers_layers.py
     ... --layers qwen3_next,lfm2,kimi_linear,nemotron_h --dtype float32,bfloat16 --repeats 5
 """
 
@@ -32,10 +32,11 @@ import sys
 import time
 import warnings
 
-# Install-free from the repository: this directory holds the ssmk package; the library is
+# Install-free from the repository: the parent directory holds the ssmk package; the library is
 # $SSMK_LIBRARY, else target/release/libssmk.so when built, else the package's own search.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release", "libssmk.so")
+_PACKAGE_SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _PACKAGE_SOURCE)
+_LIB = os.path.join(_PACKAGE_SOURCE, "..", "..", "target", "release", "libssmk.so")
 if "SSMK_LIBRARY" not in os.environ and os.path.exists(_LIB):
     os.environ["SSMK_LIBRARY"] = os.path.abspath(_LIB)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -18,7 +18,7 @@ use common::recurrent::{
     plain_seqs, ptr, ptr_mut, reversed_slots, run_every_isa, run_reference, set_slots,
     shuffled_slots, slot_table, spec_seqs, tol, values,
 };
-use common::{Rng, SEQ_LEN_LISTS, Tensor, assert_error};
+use common::{Ctx, Rng, SEQ_LEN_LISTS, Tensor, assert_error};
 use ssmk::dtype::DType;
 use ssmk::ffi::context::{ssmk_context, ssmk_context_create, ssmk_context_destroy};
 use ssmk::ffi::gdn::{
@@ -153,6 +153,21 @@ impl Gdn {
         }
         p.g = wide;
         p
+    }
+
+    /// The same call with the state pool `[S, HV, K, V]` viewed over `[S, HV, V, K]` memory (k
+    /// contiguous: llama.cpp's ggml layout), holding the same values.
+    fn with_transposed_state(mut self) -> Gdn {
+        let st = self.state.take().unwrap();
+        let (s, hv, kd, vd) = (st.shape[0] as usize, self.hv, self.kd, self.vd);
+        let strides = [hv * vd * kd, vd * kd, 1, kd];
+        let mut t =
+            Tensor::with_layout(st.dtype, &[s, hv, kd, vd], Some(&strides), s * hv * vd * kd);
+        for idx in st.indices() {
+            t.set(&idx, st.get(&idx));
+        }
+        self.state = Some(t);
+        self
     }
 
     fn with_seqs(mut self, lens: &[usize]) -> Gdn {
@@ -664,6 +679,54 @@ fn two_calls_equal_one_call() {
             let st = tol(state).times(2.0);
             for (j, (a, b)) in s1.iter().zip(&s2).enumerate() {
                 assert!(st.close(*b, *a), "{what}: state[{j}] {b} vs one call {a}");
+            }
+        }
+    }
+}
+
+/// A k-contiguous state (`[v][k]` memory, llama.cpp's layout) on every path and ISA: a batch of
+/// decodes (the one-pass transposed decode), decodes beside prefills, odd and SIMD-wide head
+/// dims, per-head and per-channel gates, every state dtype (one case in 4, and no 128-wide heads,
+/// in the small-shape mode); a decode batch is bitwise the same on 1, 2 and 3 threads.
+#[test]
+fn every_isa_transposed_state_matches_reference() {
+    let mut seed = 5100;
+    for (lens, dims) in [
+        (&[1usize, 1, 1, 1, 1][..], (24, 20)),
+        (&[1, 40, 1, 3][..], (24, 20)),
+        (&[1, 1, 1, 1][..], (128, 128)),
+        (&[1, 33, 1][..], (64, 64)),
+    ] {
+        for kda in [false, true] {
+            for state in STATES {
+                seed += 1;
+                if common::small_shapes() && (dims.0 == 128 || !common::sampled(seed, 4)) {
+                    continue;
+                }
+                let mut p = batch_case(seed, lens, (2, 4), dims, DType::BF16, state, true);
+                if kda {
+                    p = p.with_channel_decays(seed);
+                }
+                let p = p.with_transposed_state();
+                let what = format!(
+                    "transposed state lens {lens:?} dims {dims:?} kda {kda} state {state:?}"
+                );
+                run_and_verify(&p, &what);
+                if lens.iter().all(|&n| n == 1) {
+                    let mut one = p.clone();
+                    one.run(Path::Auto, Ctx::new(1).0, &what);
+                    for threads in [2, 3] {
+                        let mut other = p.clone();
+                        let ctx = Ctx::new(threads);
+                        with_every_call_parallel(|| other.run(Path::Auto, ctx.0, &what));
+                        assert!(
+                            one.out.bytes() == other.out.bytes()
+                                && one.state.as_ref().unwrap().bytes()
+                                    == other.state.as_ref().unwrap().bytes(),
+                            "{what}: {threads} threads differ from 1"
+                        );
+                    }
+                }
             }
         }
     }

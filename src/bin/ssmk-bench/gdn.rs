@@ -71,6 +71,8 @@ struct DeltaRule {
     seqs: Seqs,
     /// Checkpoint tables (ABI.md §4.10), if the call stores states inside its prefill.
     checkpoints: Option<(Buf, Buf)>,
+    /// The pool is passed as a `[v][k]` view (k contiguous, llama.cpp's layout).
+    k_contiguous: bool,
 }
 
 impl DeltaRule {
@@ -91,6 +93,7 @@ impl DeltaRule {
             out: Buf::zeros(dtype, &[t, hv, V]),
             seqs: Seqs::new(lens, initial),
             checkpoints: None,
+            k_contiguous: false,
         }
     }
 
@@ -123,6 +126,10 @@ impl DeltaRule {
         let v = head_view(qkv, 2 * h * K, hv, V, dv);
         let (g, beta) = (self.g.desc(), self.beta.desc());
         let (mut state, mut out) = (self.state.desc(), self.out.desc());
+        let k_major = [(hv * K * V) as i64, (K * V) as i64, 1, K as i64];
+        if self.k_contiguous {
+            state.strides = k_major.as_ptr();
+        }
         let (cu, idx, init) = self.seqs.descs();
         let tables = self.checkpoints.as_ref().map(|(o, s)| (o.desc(), s.desc()));
         let (co, cs) = tables
@@ -248,14 +255,19 @@ fn prefill_checkpoints(cfg: &Config, report: &mut Report, heads: Heads, len: usi
     );
 }
 
-fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize) {
-    let call = DeltaRule::new(heads, &vec![1; batch], DType::BF16, true);
+/// Decode rows of `batch` sequences; `k_contiguous` passes the pool as a `[v][k]` view.
+fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize, k_contiguous: bool) {
+    let call = DeltaRule {
+        k_contiguous,
+        ..DeltaRule::new(heads, &vec![1; batch], DType::BF16, true)
+    };
     let state_bytes = 2.0 * call.state.bytes() as f64;
     let op = match heads.per_channel {
         true => "KDA delta rule decode",
         false => "gated_delta_rule decode",
     };
-    let shape = format!("B={batch} {}", heads.describe());
+    let layout = if k_contiguous { " [v][k] state" } else { "" };
+    let shape = format!("B={batch} {}{layout}", heads.describe());
     layers::decode_rows(
         cfg,
         report,
@@ -342,16 +354,19 @@ pub fn run(cfg: &Config, report: &mut Report) {
         for heads in [GDN, KDA] {
             prefill(cfg, report, heads, &[long], DType::BF16);
             prefill(cfg, report, heads, &[short; 4], DType::BF16);
-            decode(cfg, report, heads, cfg.pick(64, 8));
-            decode(cfg, report, heads, 1);
+            decode(cfg, report, heads, cfg.pick(64, 8), false);
+            decode(cfg, report, heads, 1, false);
         }
         return;
     }
     prefill(cfg, report, GDN, &[long], DType::BF16);
     prefill(cfg, report, GDN, &[short; 4], DType::BF16);
     prefill(cfg, report, GDN, &[long], DType::F32);
-    decode(cfg, report, GDN, cfg.pick(64, 8));
-    decode(cfg, report, GDN, 1);
+    // Both state layouts the ABI requires fast (§4.4): v-contiguous and llama.cpp's `[v][k]`.
+    for k_contiguous in [false, true] {
+        decode(cfg, report, GDN, cfg.pick(64, 8), k_contiguous);
+        decode(cfg, report, GDN, 1, k_contiguous);
+    }
     prefill(cfg, report, KDA, &[long], DType::BF16);
     prefill(cfg, report, KDA, &[short; 4], DType::BF16);
     // Per-channel decays at the Gated DeltaNet heads (GQA: q/k loads shared, k k^T not).
@@ -362,8 +377,10 @@ pub fn run(cfg: &Config, report: &mut Report) {
         &[long],
         DType::BF16,
     );
-    decode(cfg, report, KDA, cfg.pick(64, 8));
-    decode(cfg, report, KDA, 1);
+    for k_contiguous in [false, true] {
+        decode(cfg, report, KDA, cfg.pick(64, 8), k_contiguous);
+        decode(cfg, report, KDA, 1, k_contiguous);
+    }
     layer_steps(cfg, report, GDN);
     layer_steps(cfg, report, KDA);
 }

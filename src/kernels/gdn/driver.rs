@@ -49,7 +49,9 @@ macro_rules! gdn_entry_points {
             unsafe fn recurrent(args: &DeltaRule, seq: &Sequence, hv: usize) {
                 let dtype = args.state.as_ref().map_or(DType::F32, |s| s.dtype);
                 crate::with_float_type!(dtype, St => unsafe {
-                    if !recurrent::decode::<$simd, St>(args, seq, hv) {
+                    if !recurrent::decode::<$simd, St>(args, seq, hv)
+                        && !recurrent::decode_transposed::<$simd, St>(args, seq, hv)
+                    {
                         recurrent::sequence_head::<$simd, St>(args, seq, hv)
                     }
                 })

@@ -430,6 +430,173 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     true
 }
 
+/// A decode (one token) on a k-contiguous state of dtype `St` (`[slot][hv][v][k]`: llama.cpp's
+/// ggml keeps each head's state transposed). State row `j` is column `j` of `S`, and columns
+/// evolve independently, so each row is read once, its `kv_j`, `delta_j`, new values and `o_j`
+/// computed while it is in L1, and written back: one pass over the slot, where the v-contiguous
+/// [`decode`] needs two. Returns false (nothing done) when the layout does not fit.
+///
+/// # Safety
+/// As for [`sequence_head`].
+#[inline(always)]
+pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
+    args: &DeltaRule,
+    seq: &Sequence,
+    hv: usize,
+) -> bool {
+    let Some(st) = args.state.as_ref() else {
+        return false;
+    };
+    if seq.len != 1 || st.strides[2] != 1 || st.dtype != St::DTYPE {
+        return false;
+    }
+    let write = match &seq.write {
+        StateWrite::Final(slot) => Some(*slot),
+        StateWrite::PerToken(slots) => slots[0],
+        StateWrite::Nothing => None,
+    };
+    let (kd, vd) = (args.k_dim, args.v_dim);
+    let mut tokens = unsafe { load_tokens::<S>(args, seq, hv, vd + kd) };
+    let (t, scratch) = tokens.split();
+    let (o, rest) = scratch.split_at_mut(vd);
+    let scaled_k = &mut rest[..kd];
+    let (decays, beta) = (t.decay(0, args.per_channel, kd), t.beta[0]);
+    // `kv` sums `(a * k) . S[j]` per channel, or `a (k . S[j])` per head.
+    let (kv_k, kv_scale): (&[f32], f32) = match args.per_channel {
+        true => {
+            for ((sk, &kr), &a) in scaled_k.iter_mut().zip(&t.k[..kd]).zip(decays) {
+                *sk = kr * a;
+            }
+            (scaled_k, 1.0)
+        }
+        false => (&t.k[..kd], decays[0]),
+    };
+    let columns = StateColumns {
+        kv_k,
+        kv_scale,
+        decays: (decays, args.per_channel),
+        k: &t.k[..kd],
+        q: &t.q[..kd],
+        beta,
+    };
+    let row = |slot: usize, j: usize| st.at(&[slot, hv, 0, j]).cast::<St>();
+    let row_bytes = kd * size_of::<St>();
+    for (j, (oj, &vj)) in o.iter_mut().zip(&t.v[..vd]).enumerate() {
+        let src = seq.read.map(|slot| row(slot, j).cast_const());
+        let dst = write.map(|slot| row(slot, j));
+        if let (Some(slot), true) = (seq.read, j + DECODE_PREFETCH_ROWS < vd) {
+            super::prefetch(row(slot, j + DECODE_PREFETCH_ROWS).cast(), row_bytes);
+        }
+        *oj = unsafe {
+            match (src, dst) {
+                (Some(src), Some(dst)) => columns.update::<S, St, true, true>(src, dst, vj),
+                (Some(src), None) => columns.update::<S, St, true, false>(src, dst_none(), vj),
+                (None, Some(dst)) => columns.update::<S, St, false, true>(src_none(), dst, vj),
+                (None, None) => columns.update::<S, St, false, false>(src_none(), dst_none(), vj),
+            }
+        };
+    }
+    unsafe {
+        // A checkpoint of a decode is its final state: the rows as just stored, bit for bit.
+        if let Some(slot) = write {
+            for cp in &seq.checkpoints {
+                for j in 0..vd {
+                    std::ptr::copy_nonoverlapping(row(slot, j), row(cp.slot, j), kd);
+                }
+            }
+        }
+        let out = &args.out;
+        store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
+    }
+    true
+}
+
+fn src_none<St>() -> *const St {
+    std::ptr::null()
+}
+
+fn dst_none<St>() -> *mut St {
+    std::ptr::null_mut()
+}
+
+/// What [`decode_transposed`] applies to every state row (one column of `S`).
+struct StateColumns<'a> {
+    /// The factors of `kv`'s sum per row element, and its scale (see [`decode_transposed`]).
+    kv_k: &'a [f32],
+    kv_scale: f32,
+    /// `exp(g)`: one for every element, or one per element (`true`).
+    decays: (&'a [f32], bool),
+    k: &'a [f32],
+    q: &'a [f32],
+    beta: f32,
+}
+
+impl StateColumns<'_> {
+    /// Column `j` of the state: `kv = kv_scale (kv_k . S[j])`, `delta = beta (v_j - kv)`,
+    /// `S[j] = a S[j] + k delta` (read through `src`, zeros without: `READ`; stored through `dst`:
+    /// `WRITE`), returns `o_j = S[j] . q`. Two accumulators per sum, in a fixed order.
+    ///
+    /// # Safety
+    /// `src` (with `READ`) and `dst` (with `WRITE`) address `K` values; the CPU supports `S`.
+    #[inline(always)]
+    unsafe fn update<S: Simd, St: SimdElement, const READ: bool, const WRITE: bool>(
+        &self,
+        src: *const St,
+        dst: *mut St,
+        vj: f32,
+    ) -> f32 {
+        let (l, kd) = (S::LANES, self.k.len());
+        let body = kd / l * l;
+        let (decays, per_channel) = self.decays;
+        unsafe {
+            let head_decay = S::splat(decays[0]);
+            let mut kv = 0f32;
+            if READ {
+                let mut acc = [S::zero(); 2];
+                for (i, r) in (0..body).step_by(l).enumerate() {
+                    let x = St::load::<S>(src.add(r));
+                    acc[i % 2] = S::fma(x, S::load_f32(self.kv_k.as_ptr().add(r)), acc[i % 2]);
+                }
+                kv = S::reduce_sum(S::add(acc[0], acc[1]));
+                for r in body..kd {
+                    kv = (*src.add(r)).to_f32().mul_add(self.kv_k[r], kv);
+                }
+            }
+            let delta = self.beta * (vj - self.kv_scale * kv);
+            let dv = S::splat(delta);
+            let mut acc = [S::zero(); 2];
+            for (i, r) in (0..body).step_by(l).enumerate() {
+                let upd = S::mul(S::load_f32(self.k.as_ptr().add(r)), dv);
+                let s_new = match READ {
+                    true => {
+                        let a = match per_channel {
+                            true => S::load_f32(decays.as_ptr().add(r)),
+                            false => head_decay,
+                        };
+                        S::fma(St::load::<S>(src.add(r)), a, upd)
+                    }
+                    false => upd,
+                };
+                if WRITE {
+                    St::store::<S>(dst.add(r), s_new);
+                }
+                acc[i % 2] = S::fma(s_new, S::load_f32(self.q.as_ptr().add(r)), acc[i % 2]);
+            }
+            let mut o = S::reduce_sum(S::add(acc[0], acc[1]));
+            for r in body..kd {
+                let a = decays[if per_channel { r } else { 0 }];
+                let old = if READ { (*src.add(r)).to_f32() } else { 0.0 };
+                let s_new = old.mul_add(a, self.k[r] * delta);
+                if WRITE {
+                    *dst.add(r) = St::from_f32(s_new);
+                }
+                o = s_new.mul_add(self.q[r], o);
+            }
+            o
+        }
+    }
+}
+
 /// Vectors of columns a decode pass keeps in registers (accumulators and, in pass 2, `delta`):
 /// half the register file (8 with AVX-512, 4 with AVX2). Summed in registers rather than in a
 /// row of memory, each row's update no longer waits for the previous row's store to forward

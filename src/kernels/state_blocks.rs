@@ -4,8 +4,9 @@
 //! zero-padded past `V`: a block stays in L1 while tokens run over it, and any state layout
 //! (`[k][v]`, the transposed `[v][k]` view, other strides) is read and written through it.
 
-use super::simd::{Simd, SimdElement};
-use super::strided::{Strided, load_row, prefetch, store_row, write_f32};
+use super::simd::{Simd, SimdElement, transpose};
+use super::strided::{Strided, load_row, prefetch, prefetch_l2, store_row, write_f32};
+use crate::dtype::DType;
 
 /// The state tensor `[S, heads, K, V]` of a call and its two head dimensions.
 #[derive(Clone, Copy)]
@@ -16,6 +17,27 @@ pub(crate) struct HeadStates<'a> {
 }
 
 impl HeadStates<'_> {
+    /// An f32 pool with k contiguous (ggml's `[v][k]` rows seen as `[k][v]`): a column block is
+    /// a transposed run of state rows, moved through registers rather than element by element.
+    fn value_major_f32(self) -> bool {
+        self.pool.strides[2] == 1 && self.pool.strides[3] != 1 && self.pool.dtype == DType::F32
+    }
+
+    /// Asks for the state of `slot`, head `head` in L2, row by row in memory order: a decode
+    /// reads the next head's state while it computes this one's from cache.
+    #[inline(always)]
+    pub(crate) fn prefetch_l2(self, slot: usize, head: usize) {
+        let st = self.pool;
+        let size = st.dtype.size();
+        match st.strides[3] == 1 {
+            true => (0..self.k_dim)
+                .for_each(|r| prefetch_l2(st.at(&[slot, head, r, 0]), self.v_dim * size)),
+            false if st.strides[2] == 1 => (0..self.v_dim)
+                .for_each(|j| prefetch_l2(st.at(&[slot, head, 0, j]), self.k_dim * size)),
+            false => {}
+        }
+    }
+
     /// Loads the state of `slot`, head `head` into `blocks` (see the module doc). Rows are read
     /// in memory order, so the hardware prefetcher streams the slot.
     ///
@@ -31,6 +53,20 @@ impl HeadStates<'_> {
     ) {
         let st = self.pool;
         let (kd, vd, w) = (self.k_dim, self.v_dim, 2 * S::LANES);
+        if self.value_major_f32() {
+            for v0 in (0..vd).step_by(w) {
+                let width = w.min(vd - v0);
+                let block = &mut blocks[(v0 / w) * kd * w..][..kd * w];
+                unsafe {
+                    let src = st.at(&[slot, head, 0, v0]).cast::<f32>();
+                    transpose(src, st.strides[3], block.as_mut_ptr(), w, width, kd);
+                }
+                if width < w {
+                    block.chunks_mut(w).for_each(|row| row[width..].fill(0.0));
+                }
+            }
+            return;
+        }
         let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
         let row_bytes = vd * st.dtype.size();
         for r in 0..kd {
@@ -76,6 +112,24 @@ impl HeadStates<'_> {
     ) {
         let st = self.pool;
         let (kd, vd, w) = (self.k_dim, self.v_dim, 2 * S::LANES);
+        if self.value_major_f32() {
+            for b in first..end {
+                let v0 = b * w;
+                let width = w.min(vd - v0);
+                unsafe {
+                    let dst = st.at(&[slot, head, 0, v0]).cast::<f32>();
+                    transpose(
+                        blocks[b * kd * w..].as_ptr(),
+                        w,
+                        dst,
+                        st.strides[3],
+                        kd,
+                        width,
+                    );
+                }
+            }
+            return;
+        }
         let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
         for r in 0..kd {
             for b in first..end {

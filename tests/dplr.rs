@@ -986,3 +986,46 @@ fn rejects_bad_inputs() {
         before.assert_kept(&p, name);
     }
 }
+
+/// Both state layouts take one path: a pool kept `[v][k]` (ggml's) gives bit-identical outputs
+/// and states to a compact `[k][v]` pool holding the same values, decodes included.
+#[test]
+fn every_isa_value_major_state_equals_key_major() {
+    let lens = [1usize, 40, 1, 3];
+    for (state, dims) in [
+        (DType::F32, (64, 64)),
+        (DType::F32, (20, 36)),
+        (DType::F16, (16, 24)),
+    ] {
+        let kv = batch_case(140, &lens, dims, DType::BF16, state, Layout::KeyMajor);
+        let mut vk = kv.clone();
+        let [slots, h] = [lens.len() + 2, 3];
+        let mut st = state_pool(
+            state,
+            [slots, h, dims.0, dims.1],
+            Layout::ValueMajor,
+            &mut Rng::new(1),
+        );
+        let want = values(kv.state.as_ref().unwrap());
+        common::recurrent::fill_with(&mut st, |i| want[i]);
+        vk.state = Some(st);
+        for isa in Isa::under_test() {
+            let (mut a, mut b) = (kv.clone(), vk.clone());
+            for p in [&mut a, &mut b] {
+                let code = p.call_with(isa, Path::Auto, std::ptr::null());
+                assert_eq!(code, SSMK_OK, "{}", common::last_error());
+            }
+            let what = format!("{isa:?} {state:?} {dims:?}");
+            assert!(a.out.bytes() == b.out.bytes(), "{what}: outputs differ");
+            let (sa, sb) = (
+                values(a.state.as_ref().unwrap()),
+                values(b.state.as_ref().unwrap()),
+            );
+            let first = sa
+                .iter()
+                .zip(&sb)
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            assert!(first.is_none(), "{what}: states differ first at {first:?}");
+        }
+    }
+}

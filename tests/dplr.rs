@@ -444,7 +444,7 @@ fn every_isa_extreme_decays() {
         let p = batch_case(40, &lens, (32, 32), DType::F32, DType::F32, layout);
         let wp = p.w.base().cast::<f32>();
         for i in 0..p.w.numel() {
-            if (i / p.kd) % 3 == 0 && i % 5 != 0 {
+            if (i / p.kd).is_multiple_of(3) && !i.is_multiple_of(5) {
                 unsafe { wp.add(i).write(extremes[i % extremes.len()]) };
             }
         }

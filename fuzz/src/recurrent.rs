@@ -223,7 +223,14 @@ pub fn dplr_delta_rule(data: &[u8]) {
         let dt = float(input);
         let heads = call.dim(input, h);
         let k_dim = call.dim(input, kd);
-        call.tensor(input, name, Role::Input, dt, &[t, heads, k_dim], Fill::Floats(lo, hi))
+        call.tensor(
+            input,
+            name,
+            Role::Input,
+            dt,
+            &[t, heads, k_dim],
+            Fill::Floats(lo, hi),
+        )
     };
     let r = row(&mut call, input, "r", -1.0, 1.0);
     let k = row(&mut call, input, "k", -key, key);

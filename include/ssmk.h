@@ -37,6 +37,12 @@
 #define SSMK_ACTIVATION_SILU 1
 
 /**
+ * `flags` bit of ssmk_dplr_delta_rule: `w` holds the decay factor itself, in `(0, 1]` (as
+ * llama.cpp's `rwkv_wkv7` takes it), rather than its log.
+ */
+#define SSMK_DPLR_W_LINEAR 1
+
+/**
  * `flags` bit of ssmk_gated_delta_rule: l2-normalise q and k (`x / sqrt(sum x^2 + l2norm_eps)`)
  * before use.
  */
@@ -128,11 +134,11 @@
 #define SSMK_DTYPE_CODE_BOOL 6
 
 /**
- * The lowest exponent the vector exp takes: `e^MIN_EXP` is the smallest normal f32, so a decay
- * `e^g` is never 0 (nor a slow denormal) and a log-decay below it (`-inf` and NaN included) acts
- * as this one. The references apply the same clamp, so every path agrees on such gates.
+ * Log-decays below this act as it: the vector `exp` clamps its argument here (to the smallest
+ * normal float), and the reference does the same, so `-inf` and `-1e30` decay like -87.3 and
+ * never yield 0 * inf or NaN.
  */
-#define MIN_EXP -87.33655
+#define LOG_DECAY_FLOOR -87.33655
 
 /**
  * Opaque execution context: a thread count and a private thread pool, built on first parallel
@@ -363,6 +369,116 @@ int32_t ssmk_causal_conv1d_update(const ssmk_context *ctx,
                                   ssmk_tensor *out);
 
 /**
+ * Runs the generalized (diagonal plus low-rank) delta rule of RWKV-7 over a batch that may mix
+ * decodes (length-1 sequences), prefills of any length and speculative-decode sequences,
+ * updating a state pool in place.
+ *
+ * Per sequence and head, per token, with the state `S` (K x V) before the token:
+ * `sa = a^T S` (a V-vector), `S = diag(d) S + b (x) sa + k (x) v`, `o = scale * S^T r`, where the
+ * decay is `d = exp(w)` (log form) or, with SSMK_DPLR_W_LINEAR, `d = w`. RWKV-7 is `a = -kk`,
+ * `b = kk * a_iclr`, `w = -0.606531 * sigmoid(...)`, scale 1; the model's token shift, `kk`
+ * normalisation, GroupNorm and bonus term stay outside. Log-decays below about -87 (-inf
+ * included) act as -87 (`exp` is clamped to the smallest normal float, never 0, NaN or inf);
+ * `w > 0` (log form) or a factor outside `(0, 1]` (linear form) is unspecified. Arithmetic in
+ * f32, with every token run through the recurrence (no chunked form: see the README). The state
+ * is kept in f32 during the call, so a bf16/f16 state is rounded once per sequence (once per
+ * token in speculative mode, and once per checkpoint). Results are bitwise identical for any
+ * thread count, and a sequence's results do not depend on the others in the call.
+ *
+ * Sequences and slots: sequence `b` owns tokens `cu_seqlens[b] .. cu_seqlens[b+1]` (NULL: one
+ * sequence of all T tokens); tokens outside every sequence are not touched. Its slot is
+ * `state_indices[b]` (NULL: slot `b`); a slot equal to `pad_slot_id` marks a padded sequence:
+ * its output rows are zeros and no state is read or written. It starts from its slot's state when
+ * `has_initial_state[b]` is non-zero, else from zeros (NULL: zeros for all). Its final state is
+ * written to its slot; a zero-length sequence writes its initial state back (zeros without one).
+ * `state` NULL: every sequence starts from zeros and nothing is written (`has_initial_state`
+ * must then be NULL or all false).
+ *
+ * Speculative mode (`num_accepted_tokens` non-NULL; `state_indices` `[B, Smax]` required): with
+ * `n = num_accepted_tokens[b]` in `[0, Smax]`, the initial state is read from slot
+ * `state_indices[b][max(n-1, 0)]` (if `has_initial_state[b]`) and the state after token `t` is
+ * written to slot `state_indices[b][t]` (not when that entry is `pad_slot_id`); the sequence must
+ * have at most Smax tokens. It is padded when `state_indices[b][0] == pad_slot_id`. A zero-length
+ * sequence writes nothing. Every written slot must be distinct, and no sequence may read a slot
+ * another sequence writes.
+ *
+ * State checkpoints (ABI.md §4.10): with `checkpoint_offsets` and `checkpoint_slots` (`[B, C]`
+ * int32/int64 each, equal shapes), for each entry whose slot is not `pad_slot_id` the state after
+ * token `o = checkpoint_offsets[b][c]` (`1 <= o <= len_b`) of sequence `b` is also written to slot
+ * `checkpoint_slots[b][c]` of the same pool, in its dtype: bit-identical to what a call ending at
+ * that token stores. Not allowed with `num_accepted_tokens`. Entries of padded sequences and
+ * entries whose slot is `pad_slot_id` are ignored whole (their offsets are not checked); a table
+ * with no other entry, or `C = 0`, is accepted wherever NULL is. `out` and every sequence's final
+ * state are bit-identical with or without checkpoints, for any thread count.
+ *
+ * State layouts: any strides. `[slot][h][k][v]` (v contiguous) and the `[slot][h][v][k]` view
+ * (k contiguous: ggml's `wkv7` state, passed as a strided `[S, H, K, V]` view) both take the
+ * fast path: each head's state is read once per call into f32 blocks in cache and written once.
+ *
+ * @param ctx                 context, or NULL for the process default.
+ * @param r                   `[T, H, K]` f32/bf16/f16 (the receptance, RWKV's query).
+ * @param w                   `[T, H, K]` f32: log of the per-channel decay, or the decay itself
+ *                            with SSMK_DPLR_W_LINEAR.
+ * @param k                   `[T, H, K]` f32/bf16/f16.
+ * @param v                   `[T, H, V]` f32/bf16/f16.
+ * @param a                   `[T, H, K]` f32/bf16/f16 (RWKV-7: `-kk`).
+ * @param b                   `[T, H, K]` f32/bf16/f16 (RWKV-7: `kk * a`).
+ * @param scale               output scale; `<= 0` selects 1. Must be finite.
+ * @param state               `[S, H, K, V]` f32/bf16/f16, read and written in place, or NULL.
+ *                            Must not overlap any other tensor or itself.
+ * @param cu_seqlens          `[B+1]` int32/int64 token offsets, non-decreasing, within `[0, T]`; or NULL.
+ * @param state_indices       `[B]` int32/int64 slots (or `[B, Smax]` in speculative mode); or NULL.
+ * @param has_initial_state   `[B]` bool/uint8/int32/int64; or NULL (all false).
+ * @param num_accepted_tokens `[B]` int32/int64, or NULL (not speculative).
+ * @param flags               SSMK_DPLR_W_LINEAR or 0 (any other bit is an error).
+ * @param pad_slot_id         slot value marking padded sequences (vLLM: -1).
+ * @param out                 `[T, H, V]` of v's dtype, written; must not overlap any input,
+ *                            `state` or itself.
+ * @param checkpoint_offsets  `[B, C]` int32/int64 token counts (state after that many tokens of
+ *                            the sequence), or NULL (then `checkpoint_slots` must be NULL too).
+ * @param checkpoint_slots    `[B, C]` int32/int64 slots of the pool the checkpoints go to, or NULL;
+ *                            distinct, none a slot of a sequence of the call.
+ * @retval SSMK_OK                     done.
+ * @retval SSMK_ERR_NULL_POINTER       a required descriptor is NULL, or non-empty with NULL data.
+ * @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, stride, flag or scalar; duplicate slots;
+ *                                     `num_accepted_tokens` or a sequence length outside its range.
+ *                                     Checkpoints: only one table given, unequal shapes or
+ *                                     `shape[0] != B`, a checkpoint slot used twice or used by a
+ *                                     sequence of the call, a checkpoint without a state pool or
+ *                                     in speculative mode.
+ * @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above, or `out`'s not v's.
+ * @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` (other than `pad_slot_id`) or an
+ *                                     offset outside `[0, T]`. Checkpoints: an offset outside
+ *                                     `[1, len_b]` or a slot outside `[0, S)` (other than
+ *                                     `pad_slot_id`).
+ * @retval SSMK_ERR_OVERFLOW           a descriptor's extent overflows.
+ * @retval SSMK_ERR_ALIASING           an output overlaps an input, the other output or itself.
+ * @retval SSMK_ERR_UNSUPPORTED_DEVICE not CPU memory.
+ *
+ * # Safety
+ * Every descriptor must be NULL or valid, describing memory the caller owns for the call.
+ */
+SSMK_NODISCARD
+int32_t ssmk_dplr_delta_rule(const ssmk_context *ctx,
+                             const ssmk_tensor *r,
+                             const ssmk_tensor *w,
+                             const ssmk_tensor *k,
+                             const ssmk_tensor *v,
+                             const ssmk_tensor *a,
+                             const ssmk_tensor *b,
+                             float scale,
+                             ssmk_tensor *state,
+                             const ssmk_tensor *cu_seqlens,
+                             const ssmk_tensor *state_indices,
+                             const ssmk_tensor *has_initial_state,
+                             const ssmk_tensor *num_accepted_tokens,
+                             uint32_t flags,
+                             int64_t pad_slot_id,
+                             ssmk_tensor *out,
+                             const ssmk_tensor *checkpoint_offsets,
+                             const ssmk_tensor *checkpoint_slots);
+
+/**
  * Computes the gates of Gated DeltaNet for `N` tokens:
  * `g = -exp(A_log) * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
  * `softplus(x) = log1p(exp(softplus_beta * x)) / softplus_beta`, or `x` when
@@ -460,14 +576,10 @@ int32_t ssmk_kda_gating(const ssmk_context *ctx,
  * `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
  * where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. With `g` `[T, HV]`
  * (Gated DeltaNet) `a_t` scales the whole state; with `g` `[T, HV, K]` (Kimi Delta Attention)
- * `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. A log-decay below
- * -87.33655 (-1e30, `-inf` and NaN included) acts as -87.33655: each token's `exp(g)` is clamped
- * below at the smallest normal float (~1.18e-38), never 0, NaN or inf, on every path and ISA
- * (the reference clamps alike); a product of decays over several tokens may then flush to 0
- * below 2^-60 (an absolute error under 2^-60 of the state). `g > 0` is unspecified. Long
- * sequences use the chunked WY form (chunks of 16 tokens; it only ever multiplies per-token
- * decays <= 1, never subtracts cumulative log-decays), short ones the recurrence; both agree with
- * the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
+ * `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. Log-decays below about -87
+ * act as -87 (`exp` is clamped to the smallest normal float, never 0, NaN or inf); `g > 0` is
+ * unspecified. Long sequences use the chunked WY form (chunks of 16 tokens; with per-channel
+ * decays it only ever exponentiates or multiplies decays <= 1), short ones the recurrence; both agree with the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
  * state is rounded once per sequence (once per token in speculative mode). Results are bitwise
  * identical for any thread count, and a sequence's results do not depend on the others in the call.
  *
@@ -569,10 +681,7 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
  * `d = dt + dt_bias` (bias 0 when NULL), `d = softplus(d)` with SSMK_MAMBA2_DT_SOFTPLUS
  * (`x` above 20, else `log(1 + e^x)`), `d = min(max(d, dt_min), dt_max)`;
  * `h_t = exp(d A[h]) h_{t-1} + d x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, and with `z`
- * `y_t *= silu(z_t)`. An exponent `d A` below -87.33655 (-1e30 and `-inf` included) acts as
- * -87.33655: each token's decay is clamped below at the
- * smallest normal float (~1.18e-38), never NaN, on every path and ISA; the chunked form sums
- * exponents only over the tokens a factor spans, never subtracting cumulative sums.
+ * `y_t *= silu(z_t)`.
  *
  * `A` of shape `[NH, N]` gives every state channel its own rate (Mamba-1: Jamba, Falcon-Mamba,
  * Mamba, Zamba): `h_t[p][n] = exp(d A[h][n]) h_{t-1}[p][n] + d x_t[p] B_t[n]`. A Mamba-1 layer of

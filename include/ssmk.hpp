@@ -298,6 +298,20 @@ inline void mamba2_scan(const context& ctx, const tensor& x, const tensor& dt, c
                          detail::opt(checkpoint_slots)));
 }
 
+/** ssmk_dplr_delta_rule (RWKV-7's generalized delta rule); optional arguments are nullptr when
+ *  absent. `flags` is SSMK_DPLR_W_LINEAR (w holds the decay factor) or 0 (w is its log).
+ *  Throws ssmk::error. */
+inline void dplr_delta_rule(const context& ctx, const tensor& r, const tensor& w, const tensor& k, const tensor& v,
+                            const tensor& a, const tensor& b, float scale, tensor* state, const tensor* cu_seqlens,
+                            const tensor* state_indices, const tensor* has_initial_state,
+                            const tensor* num_accepted_tokens, uint32_t flags, int64_t pad_slot_id, tensor& out,
+                            const tensor* checkpoint_offsets = nullptr, const tensor* checkpoint_slots = nullptr) {
+  check(ssmk_dplr_delta_rule(ctx.get(), r.get(), w.get(), k.get(), v.get(), a.get(), b.get(), scale,
+                             detail::opt(state), detail::opt(cu_seqlens), detail::opt(state_indices),
+                             detail::opt(has_initial_state), detail::opt(num_accepted_tokens), flags, pad_slot_id,
+                             out.get(), detail::opt(checkpoint_offsets), detail::opt(checkpoint_slots)));
+}
+
 }  // namespace ssmk
 
 #endif /* SSMK_HPP */

@@ -286,6 +286,81 @@ TEST_CASE(hpp_gated_delta_rule_decode_matches_double_recurrence) {
   CHECK(threw);
 }
 
+TEST_CASE(hpp_dplr_delta_rule_ggml_state_matches_double_recurrence) {
+  // RWKV-7 as llama.cpp runs it: w as decay factors (SSMK_DPLR_W_LINEAR), the state of each head
+  // kept [v][k] (ggml's wkv7 rows) and passed as a strided [S, H, K, V] view. Two sequences: 5
+  // tokens continuing slot 1's state, then a 1-token decode from zeros into slot 0; H = 2,
+  // K = 8, V = 4, a = -kk, b = kk * 0.5 with kk a unit vector.
+  const int T = 6, H = 2, K = 8, V = 4, S = 2;
+  std::vector<float> r(T * H * K), w(T * H * K), k(T * H * K), a(T * H * K), b(T * H * K), v(T * H * V),
+      out(T * H * V), state(S * H * V * K);
+  for (int th = 0; th < T * H; ++th) {
+    double norm = 0;
+    for (int i = 0; i < K; ++i) norm += std::pow(std::sin(0.37 * (th * K + i) + 0.2), 2);
+    for (int i = 0; i < K; ++i) {
+      const int x = th * K + i;
+      const double kk = std::sin(0.37 * x + 0.2) / std::sqrt(norm);
+      r[x] = static_cast<float>(0.3 * std::cos(0.11 * x));
+      k[x] = static_cast<float>(0.3 * std::sin(0.23 * x));
+      w[x] = static_cast<float>(std::exp(-0.6 * (0.5 + 0.5 * std::sin(0.7 * x))));
+      a[x] = static_cast<float>(-kk);
+      b[x] = static_cast<float>(0.5 * kk);
+    }
+  }
+  for (int i = 0; i < T * H * V; ++i) v[i] = static_cast<float>(std::sin(0.41 * i));
+  for (int i = 0; i < S * H * V * K; ++i) state[i] = static_cast<float>(0.2 * std::cos(0.13 * i));
+  const std::vector<float> state0 = state;
+  std::vector<int32_t> cu = {0, 5, 6}, idx = {1, 0};
+  std::vector<uint8_t> init = {1, 0};
+  ssmk::context ctx(2);
+  ssmk::view<float> rv(r.data(), {T, H, K}), wv(w.data(), {T, H, K}), kv(k.data(), {T, H, K}),
+      av(a.data(), {T, H, K}), bv(b.data(), {T, H, K}), vv(v.data(), {T, H, V}), ov(out.data(), {T, H, V}),
+      sv(state.data(), {S, H, K, V}, {H * V * K, V * K, 1, K});
+  ssmk::view<int32_t> cv(cu.data(), {3}), iv(idx.data(), {2});
+  ssmk::view<uint8_t> hv(init.data(), {2});
+  ssmk::dplr_delta_rule(ctx, rv, wv, kv, vv, av, bv, 0.0f, &sv, &cv, &iv, &hv, nullptr, SSMK_DPLR_W_LINEAR, -1, ov);
+  for (int seq = 0; seq < 2; ++seq)
+    for (int h = 0; h < H; ++h) {
+      const int slot = idx[seq];
+      // s[i][j]: key i, value j; memory [slot][h][j][i].
+      std::vector<double> s(K * V, 0.0);
+      if (init[seq])
+        for (int i = 0; i < K; ++i)
+          for (int j = 0; j < V; ++j) s[i * V + j] = state0[((slot * H + h) * V + j) * K + i];
+      for (int t = cu[seq]; t < cu[seq + 1]; ++t) {
+        const int row = (t * H + h) * K;
+        std::vector<double> sa(V, 0.0);
+        for (int i = 0; i < K; ++i)
+          for (int j = 0; j < V; ++j) sa[j] += a[row + i] * s[i * V + j];
+        for (int i = 0; i < K; ++i)
+          for (int j = 0; j < V; ++j)
+            s[i * V + j] = w[row + i] * s[i * V + j] + b[row + i] * sa[j] + k[row + i] * v[(t * H + h) * V + j];
+        for (int j = 0; j < V; ++j) {
+          double o = 0;
+          for (int i = 0; i < K; ++i) o += r[row + i] * s[i * V + j];
+          CHECK(std::fabs(out[(t * H + h) * V + j] - o) <= 1e-5 * (1 + std::fabs(o)));
+        }
+      }
+      for (int i = 0; i < K; ++i)
+        for (int j = 0; j < V; ++j) {
+          const double got = state[((slot * H + h) * V + j) * K + i];
+          CHECK(std::fabs(got - s[i * V + j]) <= 1e-5 * (1 + std::fabs(s[i * V + j])));
+        }
+    }
+  // out of another dtype than v is refused with both named; nothing written.
+  std::vector<ssmk::bf16> out16(T * H * V);
+  ssmk::view<ssmk::bf16> o16(out16.data(), {T, H, V});
+  const std::vector<float> state_before = state;
+  bool threw = false;
+  try {
+    ssmk::dplr_delta_rule(ctx, rv, wv, kv, vv, av, bv, 0.0f, &sv, &cv, &iv, &hv, nullptr, 0, -1, o16);
+  } catch (const ssmk::error& e) {
+    threw = e.status() == SSMK_ERR_UNSUPPORTED_DTYPE && contains(e.what(), "out.dtype");
+  }
+  CHECK(threw);
+  CHECK(state == state_before);
+}
+
 TEST_CASE(hpp_gdn_gating_matches_formula) {
   const int N = 3, HV = 4;
   std::vector<float> a_log = {0.1f, -0.5f, 0.0f, 1.0f}, dt = {0.2f, 0.0f, -0.3f, 25.0f}, a(N * HV), b(N * HV),

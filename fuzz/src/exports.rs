@@ -8,6 +8,7 @@ use std::ffi::c_void;
 
 use ssmk::ffi::context::ssmk_context;
 use ssmk::ffi::conv::{ssmk_causal_conv1d_fwd, ssmk_causal_conv1d_update};
+use ssmk::ffi::dplr::ssmk_dplr_delta_rule;
 use ssmk::ffi::gdn::{ssmk_gated_delta_rule, ssmk_gdn_gating, ssmk_kda_gating};
 use ssmk::ffi::mamba2::ssmk_mamba2_scan;
 use ssmk::ffi::memory::{ssmk_batch_memcpy, ssmk_zero_blocks, ssmk_zero_blocks_multi};
@@ -281,6 +282,71 @@ impl GatedDeltaRule {
                 c.desc(self.num_accepted_tokens),
                 self.flags,
                 self.l2norm_eps,
+                self.pad_slot_id,
+                c.desc(Some(self.out)),
+                c.desc(self.checkpoints.offsets),
+                c.desc(self.checkpoints.slots),
+            )
+        }
+    }
+}
+
+pub struct DplrDeltaRule {
+    pub r: Id,
+    pub w: Id,
+    pub k: Id,
+    pub v: Id,
+    pub a: Id,
+    pub b: Id,
+    pub scale: f32,
+    pub state: Option<Id>,
+    pub cu_seqlens: Option<Id>,
+    pub state_indices: Option<Id>,
+    pub has_initial_state: Option<Id>,
+    pub num_accepted_tokens: Option<Id>,
+    pub flags: u32,
+    pub pad_slot_id: i64,
+    pub out: Id,
+    pub checkpoints: Checkpoints,
+}
+
+impl DplrDeltaRule {
+    pub const NAMES: &[&str] = &[
+        "r",
+        "w",
+        "k",
+        "v",
+        "a",
+        "b",
+        "scale",
+        "state",
+        "cu_seqlens",
+        "state_indices",
+        "has_initial_state",
+        "num_accepted_tokens",
+        "flags",
+        "out",
+        "checkpoint_offsets",
+        "checkpoint_slots",
+    ];
+
+    pub fn invoke(&self, c: &Call, ctx: *const ssmk_context) -> i32 {
+        unsafe {
+            ssmk_dplr_delta_rule(
+                ctx,
+                c.desc(Some(self.r)),
+                c.desc(Some(self.w)),
+                c.desc(Some(self.k)),
+                c.desc(Some(self.v)),
+                c.desc(Some(self.a)),
+                c.desc(Some(self.b)),
+                self.scale,
+                c.desc(self.state),
+                c.desc(self.cu_seqlens),
+                c.desc(self.state_indices),
+                c.desc(self.has_initial_state),
+                c.desc(self.num_accepted_tokens),
+                self.flags,
                 self.pad_slot_id,
                 c.desc(Some(self.out)),
                 c.desc(self.checkpoints.offsets),

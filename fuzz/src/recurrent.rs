@@ -1,15 +1,16 @@
-//! The two recurrent exports, whose sequence arguments follow ABI.md §4.4 word for word
+//! The recurrent exports, whose sequence arguments follow ABI.md §4.4 word for word
 //! (`cu_seqlens`, `state_indices` `[B]` or speculative `[B, Smax]` with `num_accepted_tokens`,
 //! `has_initial_state`, a state pool `[S, ...]`): the delta rule (one body for the scalar-gate
-//! and the per-channel-gate targets) and the Mamba-2 scan.
+//! and the per-channel-gate targets), RWKV-7's generalized delta rule and the Mamba-2 scan.
 
 use ssmk::dtype::DType;
+use ssmk::ffi::dplr::SSMK_DPLR_W_LINEAR;
 use ssmk::ffi::gdn::{SSMK_GDN_GQA_TILED, SSMK_GDN_QK_L2NORM};
 use ssmk::ffi::mamba2::SSMK_MAMBA2_DT_SOFTPLUS;
 
 use crate::batch::Batch;
 use crate::call::{Call, Cmp, FLOATS, Fill, INDEX, Id, Role};
-use crate::exports::{GatedDeltaRule, Mamba2Scan};
+use crate::exports::{DplrDeltaRule, GatedDeltaRule, Mamba2Scan};
 use crate::input::Input;
 
 /// f32 accumulation-order differences allowed between a variant (chunked or recurrent, any
@@ -194,6 +195,110 @@ pub fn delta_rule(data: &[u8], per_channel: bool) {
         checkpoints,
     };
     call.run(GatedDeltaRule::NAMES, &|c, ctx| args.invoke(c, ctx));
+}
+
+/// `ssmk_dplr_delta_rule` (RWKV-7) with `w` as log-decays (now and then far below -87, where
+/// the clamp acts) or as factors (`SSMK_DPLR_W_LINEAR`), any mode, against the scalar
+/// recurrence. `a` and `b` stay small enough (`|a| |b| <= 1/4`) that the state grows slowly.
+pub fn dplr_delta_rule(data: &[u8]) {
+    let input = &mut Input::new(data);
+    let mut call = Call::new(input);
+    let batch = Batch::decode(input, 4, 40);
+    let h = input.range(1, 4);
+    let (kd, vd) = (input.range(1, 20), input.range(1, 20));
+    let t = batch.tokens;
+    let key = 1.0 / (kd as f32).sqrt();
+    let linear = input.chance(64);
+    let flags = if call.hostile && input.chance(16) {
+        input.u32()
+    } else {
+        linear as u32 * SSMK_DPLR_W_LINEAR
+    };
+    let decays = match (linear, input.chance(32)) {
+        (true, _) => (0.01, 1.0),
+        (false, true) => (-200.0, 0.0),
+        (false, false) => (-4.0, 0.0),
+    };
+    let row = |call: &mut Call, input: &mut Input, name: &'static str, lo: f32, hi: f32| {
+        let dt = float(input);
+        let heads = call.dim(input, h);
+        let k_dim = call.dim(input, kd);
+        call.tensor(
+            input,
+            name,
+            Role::Input,
+            dt,
+            &[t, heads, k_dim],
+            Fill::Floats(lo, hi),
+        )
+    };
+    let r = row(&mut call, input, "r", -1.0, 1.0);
+    let k = row(&mut call, input, "k", -key, key);
+    let a = row(&mut call, input, "a", -0.5 * key, 0.5 * key);
+    let b = row(&mut call, input, "b", -0.5 * key, 0.5 * key);
+    let w = call.tensor(
+        input,
+        "w",
+        Role::Input,
+        DType::F32,
+        &[t, h, kd],
+        Fill::Floats(decays.0, decays.1),
+    );
+    let dtv = float(input);
+    let v_heads = call.dim(input, h);
+    let v = call.tensor(
+        input,
+        "v",
+        Role::Input,
+        dtv,
+        &[t, v_heads, vd],
+        Fill::Floats(-1.0, 1.0),
+    );
+    let seqs = sequences(&mut call, input, &batch);
+    let dt = float(input);
+    let state_k = call.dim(input, kd);
+    let state = call.optional(
+        input,
+        220,
+        "state",
+        Role::Output(Cmp::rounding(dt, F32_RTOL)),
+        dt,
+        &[seqs.num_slots, h, state_k, vd],
+        Fill::Floats(-1.0, 1.0),
+    );
+    let dt_out = if call.hostile && input.chance(16) {
+        float(input)
+    } else {
+        dtv
+    };
+    let out = call.tensor(
+        input,
+        "out",
+        Role::Output(Cmp::rounding(dt_out, F32_RTOL)),
+        dt_out,
+        &[t, h, vd],
+        Fill::Floats(-9.0, 9.0),
+    );
+    let checkpoints = batch.checkpoints(&mut call, input, seqs.num_slots);
+    let args = DplrDeltaRule {
+        r,
+        w,
+        k,
+        v,
+        a,
+        b,
+        scale: call.scalar(input, &[0.0, 1.0, 0.5, -1.0]),
+        state,
+        cu_seqlens: seqs.cu_seqlens,
+        state_indices: seqs.state_indices,
+        has_initial_state: seqs.has_initial_state,
+        num_accepted_tokens: seqs.num_accepted_tokens,
+        flags,
+        pad_slot_id: seqs.pad_slot_id,
+        out,
+        checkpoints,
+    };
+    call.run(DplrDeltaRule::NAMES, &|c, ctx| args.invoke(c, ctx));
 }
 
 /// `ssmk_mamba2_scan` with `A` per head, optional `D`, `z`, `dt_bias`, the softplus flag and

@@ -6,6 +6,7 @@ pub(crate) mod guard;
 
 pub mod context;
 pub mod conv;
+pub mod dplr;
 pub mod gdn;
 pub mod mamba2;
 pub mod memory;

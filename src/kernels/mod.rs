@@ -3,12 +3,15 @@
 
 pub mod chunking;
 pub mod conv;
+pub mod dplr;
 pub mod gdn;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) mod gemm;
 pub mod mamba2;
 pub mod memory;
 pub mod simd;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) mod state_blocks;
 pub mod strided;
 
 // The sequences of a recurrent-kernel call (delta rule, Mamba-2 scan), as validated by

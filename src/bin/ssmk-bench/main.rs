@@ -11,6 +11,7 @@
 
 mod buffers;
 mod conv;
+mod dplr;
 mod gdn;
 mod harness;
 mod layers;
@@ -27,7 +28,7 @@ type Suite = fn(&Config, &mut Report);
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|mamba2|scan_families|checkpoints] [--simulate-threads P[,P..]]"
+        "usage: ssmk-bench [--quick] [--json PATH] [--threads N[,N..]] [--only memory|conv|short_conv|gdn|dplr|mamba2|scan_families|checkpoints] [--simulate-threads P[,P..]]"
     );
     std::process::exit(2)
 }
@@ -64,11 +65,12 @@ fn main() {
             _ => usage(),
         }
     }
-    let suites: [(&str, Suite); 7] = [
+    let suites: [(&str, Suite); 8] = [
         ("memory", memory::run),
         ("conv", conv::run),
         ("short_conv", short_conv::run),
         ("gdn", gdn::run),
+        ("dplr", dplr::run),
         ("mamba2", mamba2::run),
         ("scan_families", scan_families::run),
         ("checkpoints", checkpoints),

@@ -8,10 +8,11 @@ use std::ops::Range;
 
 use super::chunked::{Chunk, Layout};
 use super::gating::KdaGating;
-use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence, recurrent};
+use super::{CHUNK, DeltaRule, Path, RECURRENT_MAX_LEN, Sequence};
 use crate::error::{Error, Result, Status};
 use crate::kernels::chunking::{Plan, Waves, with_scratch};
 use crate::kernels::recurrent_bytes;
+use crate::kernels::state_blocks::zero_rows;
 use crate::runtime::{Context, Isa};
 
 pub(super) type RecurrentFn = unsafe fn(&DeltaRule, &Sequence, usize);
@@ -140,7 +141,12 @@ unsafe fn run_simple_task(kernels: &Kernels, args: &DeltaRule, simple: &[usize],
     let seq = &args.sequences[simple[task / args.v_heads]];
     unsafe {
         if seq.padded {
-            recurrent::zero_rows(args, seq, task % args.v_heads);
+            zero_rows(
+                &args.out,
+                seq.start..seq.start + seq.len,
+                task % args.v_heads,
+                args.v_dim,
+            );
         } else {
             (kernels.recurrent)(args, seq, task % args.v_heads);
         }

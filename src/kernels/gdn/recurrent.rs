@@ -7,9 +7,10 @@
 //! in speculative mode). Partial or strided blocks go through a zero-padded buffer, so the SIMD
 //! body never reads or writes outside the tensors.
 
-use super::{DeltaRule, Sequence, StateWrite, load_row, store_row, write_f32};
+use super::{DeltaRule, Sequence, StateWrite, load_row, store_row};
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::simd::{Simd, SimdElement, exp_into};
+use crate::kernels::state_blocks::HeadStates;
 
 /// Per-token inputs of one (sequence, v-head), converted to f32 once, in one task buffer (no
 /// allocation per task) followed by `extra` floats of zeroed scratch for the caller.
@@ -115,84 +116,15 @@ unsafe fn load_tokens<S: Simd>(
 /// State rows ahead that a decode's first pass prefetches (4 KiB of an f32 row of 128).
 const DECODE_PREFETCH_ROWS: usize = 8;
 
-/// Loads the whole `[K, V]` state of `slot` into column blocks: block `b` holds columns
-/// `b*W .. b*W+W` (W = `2*LANES`) as `K x W` rows, zero-padded past `V`. Rows are read in memory
-/// order, so the hardware prefetcher streams the slot.
-#[inline(always)]
-unsafe fn load_state<S: Simd, St: SimdElement>(
-    args: &DeltaRule,
-    slot: usize,
-    hv: usize,
-    blocks: &mut [f32],
-) {
-    let st = args
-        .state
-        .as_ref()
-        .expect("state slot without a state tensor");
-    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
-    let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
-    let row_bytes = vd * st.dtype.size();
-    for r in 0..kd {
-        // Prefetch four rows ahead: the hardware prefetchers stop at page boundaries.
-        if st.strides[3] == 1 && r + 4 < kd {
-            super::prefetch(st.at(&[slot, hv, r + 4, 0]), row_bytes);
-        }
-        let mut v0 = 0;
-        while v0 < vd {
-            let width = w.min(vd - v0);
-            let src = st.at(&[slot, hv, r, v0]);
-            let dst = &mut blocks[((v0 / w) * kd + r) * w..][..w];
-            unsafe {
-                if contiguous && width == w {
-                    S::store_f32(dst.as_mut_ptr(), St::load::<S>(src.cast()));
-                    S::store_f32(
-                        dst.as_mut_ptr().add(S::LANES),
-                        St::load::<S>(src.cast::<St>().add(S::LANES)),
-                    );
-                } else {
-                    load_row(src, st.dtype, st.strides[3], &mut dst[..width]);
-                    dst[width..].iter_mut().for_each(|x| *x = 0.0);
-                }
-            }
-            v0 += w;
-        }
-    }
-}
-
-/// Stores column blocks `first..end` (see [`load_state`]) to `slot`, rounding to the state dtype.
-#[inline(always)]
-unsafe fn store_state<S: Simd, St: SimdElement>(
-    args: &DeltaRule,
-    slot: usize,
-    hv: usize,
-    blocks: &[f32],
-    first: usize,
-    end: usize,
-) {
-    let st = args
-        .state
-        .as_ref()
-        .expect("state slot without a state tensor");
-    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
-    let contiguous = st.strides[3] == 1 && st.dtype == St::DTYPE;
-    for r in 0..kd {
-        for b in first..end {
-            let v0 = b * w;
-            let width = w.min(vd - v0);
-            let dst = st.at(&[slot, hv, r, v0]);
-            let src = &blocks[(b * kd + r) * w..][..w];
-            unsafe {
-                if contiguous && width == w {
-                    St::store::<S>(dst.cast(), S::load_f32(src.as_ptr()));
-                    St::store::<S>(
-                        dst.cast::<St>().add(S::LANES),
-                        S::load_f32(src.as_ptr().add(S::LANES)),
-                    );
-                } else {
-                    store_row(dst, st.dtype, st.strides[3], &src[..width]);
-                }
-            }
-        }
+/// The call's state pool as column blocks.
+fn head_states(args: &DeltaRule) -> HeadStates<'_> {
+    HeadStates {
+        pool: args
+            .state
+            .as_ref()
+            .expect("state slot without a state tensor"),
+        k_dim: args.k_dim,
+        v_dim: args.v_dim,
     }
 }
 
@@ -295,7 +227,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
     let (tokens, scratch) = tokens.split();
     let blocks = &mut scratch[..blocks_n * kd * w];
     if let Some(slot) = seq.read {
-        unsafe { load_state::<S, St>(args, slot, hv, blocks) };
+        unsafe { head_states(args).load::<S, St>(slot, hv, blocks) };
     }
     let (mut v, mut o) = ([0f32; 32], [0f32; 32]);
     let out = &args.out;
@@ -326,15 +258,15 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DeltaRule, seq: &Se
             if let StateWrite::PerToken(slots) = &seq.write
                 && let Some(slot) = slots[i]
             {
-                unsafe { store_state::<S, St>(args, slot, hv, &blocks[..], b, b + 1) };
+                unsafe { head_states(args).store::<S, St>(slot, hv, &blocks[..], b, b + 1) };
             }
             for cp in seq.checkpoints_after(i + 1) {
-                unsafe { store_state::<S, St>(args, cp.slot, hv, &blocks[..], b, b + 1) };
+                unsafe { head_states(args).store::<S, St>(cp.slot, hv, &blocks[..], b, b + 1) };
             }
         }
     }
     if let StateWrite::Final(slot) = seq.write {
-        unsafe { store_state::<S, St>(args, slot, hv, blocks, 0, blocks_n) };
+        unsafe { head_states(args).store::<S, St>(slot, hv, blocks, 0, blocks_n) };
     }
 }
 /// A decode (one token) on a contiguous state of dtype `St`, straight on the state rows:
@@ -783,19 +715,6 @@ impl<St: SimdElement> UpdateRows<'_, St> {
     }
 }
 
-/// Zero output rows of a padded sequence for one v-head.
-///
-/// # Safety
-/// As for [`super::gated_delta_rule`].
-pub unsafe fn zero_rows(args: &DeltaRule, seq: &Sequence, hv: usize) {
-    let out = &args.out;
-    for t in seq.start..seq.start + seq.len {
-        for j in 0..args.v_dim {
-            unsafe { write_f32(out.at(&[t, hv, j]), out.dtype, 0.0) };
-        }
-    }
-}
-
 /// A checkpoint inside a chunk (ABI.md §4.10): the state of v-head `hv` after the `len` tokens
 /// from packed token `start`, run through the recurrence from the f32 state `s0` (`[K][V]`, the
 /// chunk's start), stored to `slot` rounded to the state dtype. `s0` is not changed.
@@ -848,5 +767,5 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
             }
         }
     }
-    unsafe { store_state::<S, St>(args, slot, hv, blocks, 0, blocks_n) };
+    unsafe { head_states(args).store::<S, St>(slot, hv, blocks, 0, blocks_n) };
 }

@@ -4,8 +4,9 @@ recurrent kernels to ssmk as without it.
 No network and no downloads: every model is a tiny random-weight model built from a config below
 (``HF_HUB_OFFLINE=1``); torch (CPU) and transformers come from PyPI, pinned in
 ``requirements.txt`` next to this file (tests/python_package.rs runs the file again on each
-``requirements-transformers-*.txt`` release). ssmk is the installed package if there is one, else the
-source tree (``cbindings/python``, with ``$SSMK_LIBRARY`` or ``target/release/libssmk.so``). Run::
+``requirements-transformers-*.txt`` release). ssmk is the installed package if there is one, else
+the source tree (``cbindings/python``, with ``$SSMK_LIBRARY`` or ``target/release/libssmk.so``).
+Run::
 
     python -m unittest discover -s cbindings/python/tests_e2e -v
     python cbindings/python/tests_e2e/test_transformers_hook.py --report   # the measured errors
@@ -16,8 +17,8 @@ transformers release on 2 cores (25 families, f32 and bf16).
 For every family (Gated DeltaNet: Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Qwen4-Exp, Lara-Mini,
 OLMo-Hybrid; short convs: LFM2, LFM2-MoE, LFM3, Inkling, Inkling2, Inkling2-Loop; KDA: Kimi Linear,
 GLM-5-Next, Ling (bailing_hybrid); Mamba-2: Nemotron-H, Mamba-2, Bamba, Granite 4, Falcon-H1,
-Zamba2; Mamba-1: Mamba, Falcon-Mamba, Jamba, Zamba) and each of the checks vLLM runs end to end for chunked prefill and prefix caching on CPU,
-batch 2:
+Zamba2; Mamba-1: Mamba, Falcon-Mamba, Jamba, Zamba) and each of the checks vLLM runs end to end
+for chunked prefill and prefix caching on CPU, batch 2:
 
 (a) a full prefill of the batch (80 tokens: the delta-rule and Mamba-2 kernels take their chunked
     form, more than one 64-token chunk), no cache;
@@ -84,14 +85,19 @@ Tolerances (an error is ``max |got - want| / max |want|``, relative to the large
   route MoE top-k on near-ties, which bf16 noise flips, moving the logits by O(1), so the bf16
   models activate all experts (``smooth=True``); f32 runs use real top-k routing.
 
-Model choices: weights are transformers' random init (std 0.02), except LFM2, LFM2-MoE and
-Falcon-H1 at std 0.1, whose default-scale tiny models barely react to their conv state (dropping
-it moved the logits by only 6e-4), and Jamba at 0.1 and Zamba at 0.13, whose default-scale
-models barely react to their SSM state (4e-4 and 2e-8; Zamba at 0.2 is so ill-conditioned that
-transformers' own f32 run is 2.7e-5 from its f64 run, ssmk's 2.1e-5); GLM-5-Next keeps every indexer key (``index_topk=256``):
-with a smaller top-k transformers' own cached forward differs from its uncached forward of the
-same tokens (by 0.12 from position 28 on with top-k 16, with or without ssmk), which would mask
-the comparisons (b)-(d) against (a).
+Model choices: weights are transformers' random init (std 0.02), except LFM2, LFM2-MoE, LFM3,
+Inkling and Falcon-H1 at std 0.1, whose default-scale tiny models barely react to their conv
+state (dropping it moved the logits by only 6e-4; Inkling's 3e-4), OLMo-Hybrid at 0.1 (so that
+its beta = 2 sigmoid(b) spans about [0.3, 1.7], not just ~1), and Jamba at 0.1 and Zamba at 0.13,
+whose default-scale models barely react to their SSM state (4e-4 and 2e-8; Zamba at 0.2 is so
+ill-conditioned that transformers' own f32 run is 2.7e-5 from its f64 run, ssmk's 2.1e-5);
+GLM-5-Next keeps every indexer key (``index_topk=256``): with a smaller top-k transformers' own
+cached forward differs from its uncached forward of the same tokens (by 0.12 from position 28 on
+with top-k 16, with or without ssmk), which would mask the comparisons (b)-(d) against (a);
+Qwen4-Exp's QSA indexer keeps every token likewise (``indexer_budget=256``). The bf16 models keep
+the modules transformers keeps in f32 (``_keep_in_fp32_modules_strict``) in f32, as
+``from_pretrained(dtype=torch.bfloat16)`` does: Inkling2's router does not run otherwise.
+Inkling2 and Inkling2-Loop skip (e): see ``NO_CHECKPOINTS``.
 """
 
 import copy

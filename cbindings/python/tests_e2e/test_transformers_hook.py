@@ -782,6 +782,10 @@ class ControlTest(unittest.TestCase):
         st.disable()
         self.assertEqual(self.snapshot(), before)
 
+    def test_runs_on_a_tested_version(self):
+        """The pinned transformers of this run is one TESTED_VERSIONS names (a new pin updates both)."""
+        self.assertIn(T.__version__, st.TESTED_VERSIONS)
+
     def test_every_family_with_a_seam_is_routed(self):
         """Every modeling_*.py of this transformers with a kernel seam (a module-level function
         decorated with use_kernel_func_from_hub_with_fallback) is in FAMILIES, with all of its seams

@@ -1,10 +1,14 @@
 //! The Python package end to end, as a user gets it: builds the wheel from `cbindings/python`
 //! with its build backend (setuptools-rust runs cargo), installs it into a fresh venv without
 //! torch and imports it there with no `SSMK_LIBRARY`, then installs it into a venv with torch and
-//! runs the torch-op tests (`cbindings/python/tests_torch`).
+//! runs the torch-op tests (`cbindings/python/tests_torch`) and the transformers hook end to end
+//! (`cbindings/python/tests_e2e`) on each pinned transformers release.
 //!
 //! - The torch venv (`target/py-ssmk`, or `$SSMK_PY_VENV`) is created on first use with the
-//!   pinned requirements below and reused while they are installed; the fresh venv
+//!   pins of `cbindings/python/tests_e2e/requirements.txt` and reused while they are installed;
+//!   each further release of `requirements-transformers-*.txt` is installed without its
+//!   dependencies into a directory of its own inside the venv (`transformers-<version>`, put first
+//!   on `PYTHONPATH` for its run: one torch for all of them); the fresh venv
 //!   (`target/py-fresh`) is recreated every run. Each step prints what it runs and how long it took.
 //! - The wheel's cargo build uses its own target directory (`target/py-cargo`, or
 //!   `$SSMK_PY_CARGO_TARGET_DIR`): a nested cargo must not touch the directory of the `cargo test`
@@ -21,19 +25,58 @@ use std::time::Instant;
 
 use common::native::{repo, run_ok};
 
-/// What the torch-op and transformers-hook tests need, pinned (as in
-/// `cbindings/python/tests_e2e/requirements.txt`): installed once into the torch venv.
-const TORCH_VENV_REQUIREMENTS: &[&str] = &[
-    "torch==2.13.0",
-    "transformers==5.24.0",
-    "huggingface_hub==2.4.0",
-    "tokenizers==0.23.3",
-    "safetensors==0.8.0",
-    "numpy==2.4.6",
-];
-/// The test directories run in the torch venv, each with `python -m unittest discover`: the torch
-/// ops, then the transformers hook end to end on tiny random-weight models (no downloads).
-const TORCH_TEST_DIRS: &[&str] = &["cbindings/python/tests_torch", "cbindings/python/tests_e2e"];
+/// The pins of the torch venv (torch, the oldest tested transformers and their dependencies), one
+/// requirement a line.
+const TORCH_VENV_REQUIREMENTS: &str = "cbindings/python/tests_e2e/requirements.txt";
+/// Further transformers releases the end-to-end tests run on, each a file pinning one
+/// `transformers==X` that installs over the torch venv's dependencies.
+const TRANSFORMERS_REQUIREMENTS_PREFIX: &str = "requirements-transformers-";
+/// The torch ops, run once in the torch venv.
+const TORCH_TEST_DIR: &str = "cbindings/python/tests_torch";
+/// The transformers hook end to end on tiny random-weight models (no downloads), run once per
+/// transformers release.
+const E2E_TEST_DIR: &str = "cbindings/python/tests_e2e";
+
+/// The requirements of a pin file (comments and blank lines dropped).
+fn requirements(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// `(version, requirement)` of each extra transformers release, from the pin files next to
+/// `requirements.txt`, sorted by file name.
+fn extra_transformers() -> Vec<(String, String)> {
+    let dir = repo().join(E2E_TEST_DIR);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with(TRANSFORMERS_REQUIREMENTS_PREFIX) && n.ends_with(".txt")
+            })
+        })
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|file| {
+            let pins = requirements(file);
+            assert!(
+                pins.len() == 1 && pins[0].starts_with("transformers=="),
+                "{}: one `transformers==X` pin expected, found {pins:?}",
+                file.display()
+            );
+            (
+                pins[0]["transformers==".len()..].to_string(),
+                pins[0].clone(),
+            )
+        })
+        .collect()
+}
 
 fn target_dir() -> PathBuf {
     // CARGO_TARGET_TMPDIR is <target>/tmp, whatever CARGO_TARGET_DIR says.
@@ -100,7 +143,8 @@ fn torch_venv(python: &str) -> PathBuf {
         .unwrap_or_else(|| target_dir().join("py-ssmk"));
     let py = venv_python(&venv);
     let marker = venv.join("ssmk-requirements.txt");
-    let wanted = TORCH_VENV_REQUIREMENTS.join("\n");
+    let pins = requirements(&repo().join(TORCH_VENV_REQUIREMENTS));
+    let wanted = pins.join("\n");
     let usable = python_cmd(&py, &["-c", "import torch, numpy, transformers"])
         .output()
         .is_ok_and(|o| o.status.success());
@@ -108,7 +152,7 @@ fn torch_venv(python: &str) -> PathBuf {
         println!(
             "== python package: reusing {} ({})",
             venv.display(),
-            TORCH_VENV_REQUIREMENTS.join(" ")
+            pins.join(" ")
         );
         return venv;
     }
@@ -125,12 +169,52 @@ fn torch_venv(python: &str) -> PathBuf {
                 run(cmd, "create the torch venv");
             }
             let mut cmd = python_cmd(&py, &["-m", "pip", "install", "-q"]);
-            cmd.args(TORCH_VENV_REQUIREMENTS);
+            cmd.args(&pins);
             run(cmd, "pip install the torch venv's requirements");
         },
     );
     std::fs::write(&marker, wanted).unwrap();
     venv
+}
+
+/// The directory holding `requirement` (a transformers release) for the torch venv's python,
+/// installed without dependencies on first use and reused while its marker says so.
+fn transformers_dir(venv: &Path, version: &str, requirement: &str) -> PathBuf {
+    let dir = venv.join(format!("transformers-{version}"));
+    let marker = dir.join("ssmk-requirement.txt");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == requirement) {
+        println!("== python package: reusing {}", dir.display());
+        return dir;
+    }
+    step(
+        &format!("install {requirement} into {}", dir.display()),
+        || {
+            let _ = std::fs::remove_dir_all(&dir);
+            let mut cmd = python_cmd(
+                &venv_python(venv),
+                &["-m", "pip", "install", "-q", "--no-deps", "--target"],
+            );
+            cmd.arg(&dir).arg(requirement);
+            run(cmd, "pip install a transformers release");
+        },
+    );
+    std::fs::write(&marker, requirement).unwrap();
+    dir
+}
+
+/// Runs `python -m unittest discover` on a test directory in the torch venv; `path` goes first on
+/// `PYTHONPATH` (another transformers release).
+fn run_tests(torch_py: &Path, dir: &str, path: Option<&Path>, scratch: &Path) {
+    let mut cmd = python_cmd(torch_py, &["-m", "unittest", "discover", "-v", "-s"]);
+    // The tests build their models from configs: nothing may be fetched.
+    cmd.arg(repo().join(dir))
+        .current_dir(scratch)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1");
+    if let Some(path) = path {
+        cmd.env("PYTHONPATH", path);
+    }
+    run(cmd, dir);
 }
 
 fn check_versions_agree() {
@@ -262,16 +346,31 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
         cmd.arg(&wheel);
         run(cmd, "pip install the wheel (torch venv)");
     });
-    for dir in TORCH_TEST_DIRS {
-        step(&format!("run {dir}"), || {
-            let mut cmd = python_cmd(&torch_py, &["-m", "unittest", "discover", "-v", "-s"]);
-            // The tests build their models from configs: nothing may be fetched.
-            cmd.arg(repo().join(dir))
-                .current_dir(&scratch)
-                .env("HF_HUB_OFFLINE", "1")
-                .env("TRANSFORMERS_OFFLINE", "1");
-            run(cmd, dir);
-        });
+    step(&format!("run {TORCH_TEST_DIR}"), || {
+        run_tests(&torch_py, TORCH_TEST_DIR, None, &scratch)
+    });
+    step(
+        &format!("run {E2E_TEST_DIR} (the torch venv's transformers)"),
+        || run_tests(&torch_py, E2E_TEST_DIR, None, &scratch),
+    );
+    for (version, requirement) in extra_transformers() {
+        let dir = transformers_dir(&torch_venv, &version, &requirement);
+        let mut cmd = python_cmd(
+            &torch_py,
+            &["-c", "import transformers; print(transformers.__version__)"],
+        );
+        cmd.env("PYTHONPATH", &dir).current_dir(&scratch);
+        let found = run(cmd, "the transformers release in use");
+        assert_eq!(
+            found.trim(),
+            version,
+            "{} does not shadow the venv's transformers",
+            dir.display()
+        );
+        step(
+            &format!("run {E2E_TEST_DIR} (transformers {version})"),
+            || run_tests(&torch_py, E2E_TEST_DIR, Some(&dir), &scratch),
+        );
     }
     println!(
         "== python package: done in {:.1} s",

@@ -13,20 +13,28 @@
     with ssmk.transformers.enabled(["qwen3_next"]):   # or scoped
         ...
 
-How: in transformers 5.24 every recurrent layer calls module-level kernel functions of its own
-``modeling_<family>.py`` by their global name -- the torch references decorated with
-``use_kernel_func_from_hub_with_fallback`` (the seam through which fla / mamba_ssm /
-causal_conv1d / hub kernels are plugged in). :func:`enable` replaces exactly those globals, keeps
-the objects it replaced and :func:`disable` puts them back; no model code is copied or changed and
-model instances that already exist pick the change up at their next call:
+How: in transformers (5.19 on; written against 5.24 and 5.25) every recurrent layer calls
+module-level kernel functions of its own ``modeling_<family>.py`` by their global name -- the torch
+references decorated with ``use_kernel_func_from_hub_with_fallback`` (the seam through which fla /
+mamba_ssm / causal_conv1d / hub kernels are plugged in; 5.25 adds ``causal_conv1d_forward`` and
+``mamba(2)_scan_forward`` wrappers in front, which still call them by their global names).
+:func:`enable` replaces exactly those globals, keeps the objects it replaced and :func:`disable`
+puts them back; no model code is copied or changed and model instances that already exist pick the
+change up at their next call:
 
 * every family below: ``causal_conv1d_fn``, ``causal_conv1d_update`` -> ssmk's causal conv;
-* ``qwen3_next``, ``qwen3_5``, ``qwen3_5_moe`` (Gated DeltaNet): ``torch_chunk_gated_delta_rule``,
-  ``torch_recurrent_gated_delta_rule`` -> ``ssmk_gated_delta_rule`` (per-head decay);
-* ``kimi_linear``, ``glm5_next`` (Kimi Delta Attention): ``chunk_kimi_delta_attention``,
+* ``qwen3_next``, ``qwen3_5``, ``qwen3_5_moe``, ``qwen4_exp``, ``lara_mini``, ``olmo_hybrid``
+  (Gated DeltaNet; OLMo-Hybrid's β is in [0, 2], ``allow_neg_eigval``, which ssmk takes as it is):
+  ``torch_chunk_gated_delta_rule``, ``torch_recurrent_gated_delta_rule`` ->
+  ``ssmk_gated_delta_rule`` (per-head decay);
+* ``kimi_linear``, ``glm5_next``, ``bailing_hybrid`` (Kimi Delta Attention; Ling's lower-bound
+  "safe" gate is computed by the layer before the seam): ``chunk_kimi_delta_attention``,
   ``recurrent_kimi_delta_attention`` -> ``ssmk_gated_delta_rule`` (per-key-channel decay);
-* ``lfm2``, ``lfm2_moe`` (ShortConv): the conv pair only (``B*x`` and ``C*y`` are inline torch in
-  the layer, so ``ssmk_short_conv`` has no seam);
+* ``lfm2``, ``lfm2_moe``, ``lfm3`` (ShortConv): the conv pair only (``B*x`` and ``C*y`` are inline
+  torch in the layer, so ``ssmk_short_conv`` has no seam);
+* ``inkling``, ``inkling2``, ``inkling2_loop``: the conv pair, for their static short convs (the
+  dynamic ones of ``inkling2`` / ``inkling2_loop`` compute input-dependent kernels inline in
+  torch: no seam);
 * ``mamba2``, ``nemotron_h``, ``bamba``, ``granitemoehybrid`` (Granite 4), ``falcon_h1``, ``zamba2``
   (Mamba-2): ``mamba2_chunk_scan``, ``mamba2_selective_state_update`` -> ``ssmk_mamba2_scan``;
 * ``mamba``, ``falcon_mamba``, ``jamba``, ``zamba`` (Mamba-1): ``mamba_selective_scan``,
@@ -36,9 +44,9 @@ model instances that already exist pick the change up at their next call:
   ``x``, ``dt``, ``z`` channel-major (``[B, d_inner, L]`` views, tokens contiguous or not): each
   batch row goes to ssmk as its own strided view, no copy. Like the torch reference and
   mamba_ssm's kernel, ``mamba_selective_scan`` starts every sequence from a zero state (it is
-  given no initial state): in transformers 5.24 a Mamba-1 layer continuing a cached prefill with
-  more than one token drops its recurrent state, with or without ssmk (single-token decode
-  steps carry it). MiniMax's lightning attention is computed inline in its attention module (no
+  given no initial state): in transformers 5.24 and 5.25 a Mamba-1 layer continuing a cached
+  prefill with more than one token drops its recurrent state, with or without ssmk (single-token
+  decode steps carry it). MiniMax's lightning attention is computed inline in its attention module (no
   module-level kernel function), so it has no seam to route.
 
 Each replacement has the signature and the semantics of the torch reference it replaces (inputs,
@@ -70,9 +78,11 @@ of them (states from the checkpoints, attention keys/values cropped), for a prom
 prefix to continue from.
 
 Threads: each call runs on ``torch.get_num_threads()`` threads (one ``ssmk.Context`` per count,
-created on first use and kept). Versions: written against transformers 5.24; another version gets
-a warning and nothing is patched unless ``enable(force=True)``, and a family whose functions are
-missing, already replaced by someone else, or have another signature is skipped with a warning.
+created on first use and kept). Versions: any transformers from :data:`MIN_VERSION` on; each
+function is checked on its own (present, not replaced by someone else, the parameters of the torch
+reference it stands for): one that differs is skipped with a warning and keeps transformers' code,
+the family's other functions are routed. Tested end to end on :data:`TESTED_VERSIONS`. An older
+transformers gets a warning and nothing is patched unless ``enable(force=True)``.
 """
 
 import contextlib
@@ -89,7 +99,8 @@ import ssmk
 
 __all__ = [
     "FAMILIES",
-    "SUPPORTED_VERSIONS",
+    "MIN_VERSION",
+    "TESTED_VERSIONS",
     "Checkpoints",
     "call_counts",
     "checkpoints",
@@ -100,8 +111,10 @@ __all__ = [
     "reset_call_counts",
 ]
 
-#: transformers versions (prefixes) this module was written and tested against.
-SUPPORTED_VERSIONS = ("5.24.",)
+#: The oldest transformers whose seams have the semantics this module implements.
+MIN_VERSION = (5, 19)
+#: The transformers releases the end-to-end tests run on (cbindings/python/tests_e2e).
+TESTED_VERSIONS = ("5.24.0", "5.25.0")
 
 _CONV = ("causal_conv1d_fn", "causal_conv1d_update")
 _GDN = _CONV + ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
@@ -114,10 +127,18 @@ FAMILIES = {
     "qwen3_next": _GDN,
     "qwen3_5": _GDN,
     "qwen3_5_moe": _GDN,
+    "qwen4_exp": _GDN,
+    "lara_mini": _GDN,
+    "olmo_hybrid": _GDN,
     "kimi_linear": _KDA,
     "glm5_next": _KDA,
+    "bailing_hybrid": _KDA,
     "lfm2": _CONV,
     "lfm2_moe": _CONV,
+    "lfm3": _CONV,
+    "inkling": _CONV,
+    "inkling2": _CONV,
+    "inkling2_loop": _CONV,
     "mamba2": _MAMBA2,
     "nemotron_h": _MAMBA2,
     "bamba": _MAMBA2,
@@ -130,7 +151,7 @@ FAMILIES = {
     "zamba": _MAMBA1,
 }
 
-# Parameter names of the torch references in 5.24 (what the replacements implement).
+# Parameter names of the torch references (5.19 to 5.25 alike): what the replacements implement.
 _PARAMS = {
     "causal_conv1d_fn": ("hidden_states", "weight", "bias", "activation", "kwargs"),
     "causal_conv1d_update": ("hidden_states", "conv_state", "weight", "bias", "activation"),
@@ -470,6 +491,17 @@ def _uncapturable(what):
 
 # ------------------------------------------------------------------ the replacements
 
+def _conv_params(weight, bias, dtype):
+    """The conv weight and bias as ssmk takes them: in the activations' ``dtype`` or f32. Another
+    dtype (a bf16 conv fed f32 activations, as Inkling's short convs are when the whole model is
+    cast to bf16) goes as f32, exactly; transformers' reference rounds the activations to the
+    weight's dtype instead, so ssmk's result is the more precise one."""
+    def f32_unless_usable(t):
+        return t if t is None or t.dtype in (dtype, torch.float32) else t.float()
+
+    return f32_unless_usable(weight), f32_unless_usable(bias)
+
+
 def _make_conv_fn(family, original):
     def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
         """ssmk ``causal_conv1d_fwd`` for transformers' stateless causal conv: ``[B, D, L] -> [B, D, L]``."""
@@ -490,6 +522,7 @@ def _make_conv_fn(family, original):
             qsl = _packed_bounds(kwargs, B, L, conv=True)
             if qsl is not False and (where is None or qsl is None):
                 _count(family, "causal_conv1d_fn", "ssmk")
+                weight, bias = _conv_params(weight, bias, hidden_states.dtype)
                 x = hidden_states.transpose(1, 2).reshape(B * L, D)  # a view for channels-last input
                 out = torch.empty(B * L, D, dtype=hidden_states.dtype)
                 states = offsets = slots = None
@@ -542,6 +575,7 @@ def _make_conv_update(family, original):
             and hidden_states.shape[2] > 0
         ):
             _count(family, "causal_conv1d_update", "ssmk")
+            weight, bias = _conv_params(weight, bias, hidden_states.dtype)
             B, D, Q = hidden_states.shape
             W = weight.shape[1]
             # transformers keeps the last W inputs, ssmk the last W-1: ssmk's rows are columns
@@ -986,26 +1020,33 @@ def _resolve(families):
     return list(families)
 
 
-def _check_family(family, module):
-    """The functions to replace, or a reason they cannot be."""
-    current = {}
-    for name in FAMILIES[family]:
-        fn = getattr(module, name, None)
-        if fn is None:
-            return f"{module.__name__} has no {name}"
-        if getattr(fn, "_ssmk_family", None) is not None:
-            return f"{module.__name__}.{name} is already routed to ssmk (by another copy of this module)"
-        inner = inspect.unwrap(fn)
-        if getattr(inner, "__module__", None) != module.__name__:
-            return f"{module.__name__}.{name} was already replaced (by {getattr(inner, '__module__', '?')})"
-        try:
-            params = tuple(inspect.signature(inner).parameters)
-        except (TypeError, ValueError):
-            params = ()
-        if params != _PARAMS[name]:
-            return f"{module.__name__}.{name} has parameters {params}, expected {_PARAMS[name]}"
-        current[name] = fn
-    return current
+def _check_function(module, name):
+    """``module.name`` when it is transformers' torch reference with the parameters the replacement
+    implements, else the reason it is not."""
+    fn = getattr(module, name, None)
+    if fn is None:
+        return f"{module.__name__} has no {name}"
+    if getattr(fn, "_ssmk_family", None) is not None:
+        return f"{module.__name__}.{name} is already routed to ssmk (by another copy of this module)"
+    inner = inspect.unwrap(fn)
+    if getattr(inner, "__module__", None) != module.__name__:
+        return f"{module.__name__}.{name} was already replaced (by {getattr(inner, '__module__', '?')})"
+    try:
+        params = tuple(inspect.signature(inner).parameters)
+    except (TypeError, ValueError):
+        params = ()
+    if params != _PARAMS[name]:
+        return f"{module.__name__}.{name} has parameters {params}, expected {_PARAMS[name]}"
+    return fn
+
+
+def _version_tuple(version):
+    """``(major, minor)`` of a version string (``"5.25.0.dev0"`` -> ``(5, 25)``)."""
+    parts = []
+    for part in version.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 def enable(families=None, *, force=False):
@@ -1013,13 +1054,15 @@ def enable(families=None, *, force=False):
     that are routed after the call.
 
     ``families`` is a name, a list of names, or a model (instance or class: the families of its
-    modules). Unknown names, models without a known family, families this transformers does not
-    have, and an unsupported transformers version (unless ``force=True``) give a warning and leave
-    everything concerned untouched. Enabling twice is harmless.
+    modules). Unknown names, models without a known family and families this transformers does not
+    have give a warning and are left untouched; so does each function that is missing, already
+    replaced by someone else or has other parameters (the family's other functions are routed).
+    A transformers older than :data:`MIN_VERSION` gets a warning and nothing is patched (unless
+    ``force=True``). Enabling twice is harmless.
     """
     version = _version()
-    if not force and not version.startswith(SUPPORTED_VERSIONS):
-        _warn(f"transformers {version} is not a supported version ({', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}); "
+    if not force and _version_tuple(version) < MIN_VERSION:
+        _warn(f"transformers {version} is older than {'.'.join(map(str, MIN_VERSION))}; "
               "nothing was patched (enable(force=True) to try anyway)")
         return []
     routed = []
@@ -1036,9 +1079,14 @@ def enable(families=None, *, force=False):
             except ImportError as e:
                 _warn(f"transformers {version} has no {family} model ({e}); skipped")
                 continue
-            current = _check_family(family, module)
-            if isinstance(current, str):
-                _warn(f"{current}; {family} skipped")
+            current = {}
+            for name in FAMILIES[family]:
+                fn = _check_function(module, name)
+                if isinstance(fn, str):
+                    _warn(f"{fn}; left to transformers")
+                else:
+                    current[name] = fn
+            if not current:
                 continue
             for name, fn in current.items():
                 setattr(module, name, _make(family, name, fn))

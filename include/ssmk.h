@@ -134,13 +134,6 @@
 #define SSMK_DTYPE_CODE_BOOL 6
 
 /**
- * Log-decays below this act as it: the vector `exp` clamps its argument here (to the smallest
- * normal float), and the reference does the same, so `-inf` and `-1e30` decay like -87.3 and
- * never yield 0 * inf or NaN.
- */
-#define LOG_DECAY_FLOOR -87.33655
-
-/**
  * Opaque execution context: a thread count and a private thread pool, built on first parallel
  * use. Create with `ssmk_context_create`, free with `ssmk_context_destroy`. A context may be used
  * by many host threads at once; destroying it while a call uses it is undefined behaviour.
@@ -576,10 +569,14 @@ int32_t ssmk_kda_gating(const ssmk_context *ctx,
  * `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
  * where q and k are first l2-normalised when `flags` has SSMK_GDN_QK_L2NORM. With `g` `[T, HV]`
  * (Gated DeltaNet) `a_t` scales the whole state; with `g` `[T, HV, K]` (Kimi Delta Attention)
- * `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. Log-decays below about -87
- * act as -87 (`exp` is clamped to the smallest normal float, never 0, NaN or inf); `g > 0` is
- * unspecified. Long sequences use the chunked WY form (chunks of 16 tokens; with per-channel
- * decays it only ever exponentiates or multiplies decays <= 1), short ones the recurrence; both agree with the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
+ * `a_t S` is `diag(exp(g_t)) S`, row `i` scaled by `exp(g_t[i])`. A log-decay below
+ * -87.33655 (-1e30, `-inf` and NaN included) acts as -87.33655: each token's `exp(g)` is clamped
+ * below at the smallest normal float (~1.18e-38), never 0, NaN or inf, on every path and ISA
+ * (the reference clamps alike); a product of decays over several tokens may then flush to 0
+ * below 2^-60 (an absolute error under 2^-60 of the state). `g > 0` is unspecified. Long
+ * sequences use the chunked WY form (chunks of 16 tokens; it only ever multiplies per-token
+ * decays <= 1, never subtracts cumulative log-decays), short ones the recurrence; both agree with
+ * the per-token math within f32 rounding. The state is kept in f32 during the call, so a bf16/f16
  * state is rounded once per sequence (once per token in speculative mode). Results are bitwise
  * identical for any thread count, and a sequence's results do not depend on the others in the call.
  *
@@ -681,7 +678,10 @@ int32_t ssmk_gated_delta_rule(const ssmk_context *ctx,
  * `d = dt + dt_bias` (bias 0 when NULL), `d = softplus(d)` with SSMK_MAMBA2_DT_SOFTPLUS
  * (`x` above 20, else `log(1 + e^x)`), `d = min(max(d, dt_min), dt_max)`;
  * `h_t = exp(d A[h]) h_{t-1} + d x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, and with `z`
- * `y_t *= silu(z_t)`.
+ * `y_t *= silu(z_t)`. An exponent `d A` below -87.33655 (-1e30 and `-inf` included) acts as
+ * -87.33655: each token's decay is clamped below at the
+ * smallest normal float (~1.18e-38), never NaN, on every path and ISA; the chunked form sums
+ * exponents only over the tokens a factor spans, never subtracting cumulative sums.
  *
  * `A` of shape `[NH, N]` gives every state channel its own rate (Mamba-1: Jamba, Falcon-Mamba,
  * Mamba, Zamba): `h_t[p][n] = exp(d A[h][n]) h_{t-1}[p][n] + d x_t[p] B_t[n]`. A Mamba-1 layer of

@@ -23,14 +23,10 @@ mod aarch64;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use crate::kernels::simd::LOG_DECAY_FLOOR;
 use crate::kernels::strided::Strided;
 use crate::kernels::{Sequence, recurrent_bytes};
 use crate::runtime::{Context, Isa};
-
-/// Log-decays below this act as it: the vector `exp` clamps its argument here (to the smallest
-/// normal float), and the reference does the same, so `-inf` and `-1e30` decay like -87.3 and
-/// never yield 0 * inf or NaN.
-pub const LOG_DECAY_FLOOR: f32 = -87.336_55;
 
 /// A validated `ssmk_dplr_delta_rule` call. Shapes: r, w (f32), k, a, b `[T, H, K]`, v and out
 /// `[T, H, V]`, state `[S, H, K, V]`.

@@ -85,7 +85,7 @@ unsafe fn load_token<S: Simd>(args: &DplrRule, token: usize, h: usize, buf: &mut
         debug_assert!(args.w.dtype == DType::F32);
         load::<S>(&args.w, token, h, d);
         if !args.w_linear {
-            // The vector exp clamps below at super::LOG_DECAY_FLOOR: never 0, NaN or inf.
+            // The vector exp clamps below at LOG_DECAY_FLOOR: never 0, NaN or inf.
             exp_in_place::<S>(d);
         }
         load::<S>(&args.k, token, h, k);

@@ -4,7 +4,7 @@
 
 use super::{DeltaRule, StateWrite, load_row, read_f32, write_f32};
 use crate::dtype::DType;
-use crate::kernels::simd::MIN_EXP;
+use crate::kernels::simd::LOG_DECAY_FLOOR;
 use crate::runtime::Context;
 
 /// # Safety
@@ -117,8 +117,8 @@ unsafe fn sequence_head(args: &DeltaRule, b: usize, hv: usize) {
         }
         kv.iter_mut().for_each(|x| *x = 0.0);
         for r in 0..kd {
-            // The kernels' clamp (NaN and -inf act as `MIN_EXP`), so every path agrees.
-            let decay = (g_row[r].max(MIN_EXP) as f64).exp();
+            // The kernels' clamp (NaN and -inf act as `LOG_DECAY_FLOOR`), so every path agrees.
+            let decay = (g_row[r].max(LOG_DECAY_FLOOR) as f64).exp();
             for j in 0..vd {
                 s[r * vd + j] *= decay;
                 kv[j] += s[r * vd + j] * k[r];

@@ -3,7 +3,7 @@
 
 use super::{Scan, clamp};
 use crate::kernels::StateWrite;
-use crate::kernels::simd::MIN_EXP;
+use crate::kernels::simd::LOG_DECAY_FLOOR;
 use crate::kernels::strided::{read_f32, write_f32};
 use crate::runtime::Context;
 
@@ -60,8 +60,8 @@ unsafe fn sequence_head(args: &Scan, b: usize, h: usize) {
         let d = if args.dt_softplus { softplus(raw) } else { raw };
         let d = clamp(d, args.dt_min as f64, args.dt_max as f64);
         for (e, &a) in decay.iter_mut().zip(&a) {
-            // The kernels' clamp (a NaN or -inf exponent acts as `MIN_EXP`).
-            *e = (d * a).max(MIN_EXP as f64).exp();
+            // The kernels' clamp (a NaN or -inf exponent acts as `LOG_DECAY_FLOOR`).
+            *e = (d * a).max(LOG_DECAY_FLOOR as f64).exp();
         }
         let read = |x: &crate::kernels::strided::Strided, idx: &[usize]| unsafe {
             read_f32(x.at(idx), x.dtype) as f64

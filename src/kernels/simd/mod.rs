@@ -121,22 +121,22 @@ pub fn canonical_nan(x: f32) -> f32 {
     if x.is_nan() { f32::NAN } else { x }
 }
 
-/// The lowest exponent the vector exp takes: `e^MIN_EXP` is the smallest normal f32, so a decay
+/// The lowest exponent the vector exp takes: `e^LOG_DECAY_FLOOR` is the smallest normal f32, so a decay
 /// `e^g` is never 0 (nor a slow denormal) and a log-decay below it (`-inf` and NaN included) acts
 /// as this one. The references apply the same clamp, so every path agrees on such gates.
-pub const MIN_EXP: f32 = -87.336_55;
+pub const LOG_DECAY_FLOOR: f32 = -87.336_55;
 
-/// `e^x` with the vector exp's clamp below ([`MIN_EXP`]), for the scalar decays beside it.
+/// `e^x` with the vector exp's clamp below ([`LOG_DECAY_FLOOR`]), for the scalar decays beside it.
 #[inline(always)]
 pub fn clamped_exp(x: f32) -> f32 {
-    x.max(MIN_EXP).exp()
+    x.max(LOG_DECAY_FLOOR).exp()
 }
 
 /// Cephes-style expf: `x = n ln2 + r`, `|r| <= ln2/2`, degree-6 polynomial for `e^r`, times `2^n`.
 #[inline(always)]
 unsafe fn exp_generic<S: Simd>(x: S::V) -> S::V {
     unsafe {
-        let x = S::clamp(x, MIN_EXP, 88.376_26);
+        let x = S::clamp(x, LOG_DECAY_FLOOR, 88.376_26);
         let n = S::round(S::mul(x, S::splat(std::f32::consts::LOG2_E)));
         // Two-step Cody–Waite reduction keeps r exact enough.
         let r = S::fma(n, S::splat(-0.693_359_4), x);

@@ -172,6 +172,85 @@ impl Memcpy {
     pub fn time_beside(&mut self, cfg: &Config, f: impl FnMut()) -> (f64, f64) {
         time_between(cfg, f, || self.copy())
     }
+
+    /// Median seconds per call of `f` (as [`time`]) and the median rates of the memcpy and of an
+    /// in-place pass over `rmw`, both timed between its samples.
+    pub fn time_beside_rmw(
+        &mut self,
+        cfg: &Config,
+        rmw: &mut Rmw,
+        f: impl FnMut(),
+    ) -> (f64, f64, f64) {
+        let mut copies = Vec::new();
+        let (t, rmw_gbps) = time_between(cfg, f, || {
+            copies.push(self.copy());
+            rmw.pass()
+        });
+        (t, median(copies), rmw_gbps)
+    }
+}
+
+/// The same-run bound of an in-place state update: one read-modify-write pass (`x = x * f`, `f`
+/// one but opaque to the compiler) over a buffer of the state's size, split over the call's
+/// thread count. A decode rewrites its state where it lies, so no line is write-allocated as a
+/// memcpy's destination is, and a state that fits in the caches stays there as the decode's does.
+pub struct Rmw {
+    buf: Vec<f32>,
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Rmw {
+    pub fn new(bytes: usize, threads: u32) -> Rmw {
+        let pool = (threads > 1).then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads as usize)
+                .build()
+                .expect("rmw pool")
+        });
+        let mut rmw = Rmw {
+            buf: vec![1.0; bytes.div_ceil(4).max(16)],
+            pool,
+        };
+        rmw.pass(); // page faults
+        rmw
+    }
+
+    /// One pass; its bandwidth (GB/s, bytes read + written).
+    fn pass(&mut self) -> f64 {
+        use rayon::prelude::*;
+        let factor = std::hint::black_box(1.0f32);
+        let threads = self.pool.as_ref().map_or(1, |p| p.current_num_threads());
+        let chunk = self.buf.len().div_ceil(threads).next_multiple_of(16);
+        let t = Instant::now();
+        match &self.pool {
+            Some(pool) => {
+                let buf = &mut self.buf;
+                pool.install(|| {
+                    buf.par_chunks_mut(chunk)
+                        .for_each(|c| scale_in_place(c, factor))
+                })
+            }
+            None => scale_in_place(&mut self.buf, factor),
+        }
+        std::hint::black_box(&self.buf);
+        2.0 * (self.buf.len() * 4) as f64 / t.elapsed().as_secs_f64() / 1e9
+    }
+}
+
+/// `x *= f` with the widest vectors this build may use on this CPU.
+fn scale_in_place(x: &mut [f32], f: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { scale_in_place_avx2(x, f) };
+    }
+    x.iter_mut().for_each(|v| *v *= f);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_in_place_avx2(x: &mut [f32], f: f32) {
+    x.iter_mut().for_each(|v| *v *= f);
 }
 
 /// Same-run single-thread f32 FMA peak (GFLOP/s) of the widest vector unit ssmk uses: the

@@ -8,7 +8,9 @@ use ssmk::runtime::{Isa, with_isa};
 use ssmk::tensor::ssmk_tensor;
 
 use crate::buffers::Buf;
-use crate::harness::{Config, Ctx, Report, Row, Work, ok, time, time_ab, time_cold, time_slow};
+use crate::harness::{
+    Config, Ctx, Report, Rmw, Row, Work, ok, time, time_ab, time_cold, time_slow,
+};
 use crate::simulate;
 
 /// The layers' causal conv width.
@@ -167,8 +169,10 @@ pub fn layer_steps<S: LayerStep>(
 }
 
 /// The decode rows of `op`: `call` at every thread count as bandwidth over `state_bytes` (read +
-/// written), timed beside the same-run memcpy, against the portable reference kernels; or, when
-/// simulating, its replay (`call_bytes`: everything the call moves).
+/// written), against the same-run bound of an in-place update (a read-modify-write pass over as
+/// many bytes on as many threads, [`Rmw`]; the note gives the same-run memcpy too) and the
+/// portable reference kernels; or, when simulating, its replay (`call_bytes`: everything the call
+/// moves).
 pub fn decode_rows(
     cfg: &Config,
     report: &mut Report,
@@ -185,7 +189,11 @@ pub fn decode_rows(
     let reference = time_slow(cfg, || call(Isa::Scalar, &Ctx::new(1)));
     for &threads in &cfg.threads {
         let ctx = Ctx::new(threads);
-        let (t, memcpy) = report.memcpy.time_beside(cfg, || call(Isa::active(), &ctx));
+        let mut rmw = Rmw::new((state_bytes / 2.0) as usize, threads);
+        let (t, memcpy, rmw_gbps) = report
+            .memcpy
+            .time_beside_rmw(cfg, &mut rmw, || call(Isa::active(), &ctx));
+        let rate = state_bytes / t / 1e9;
         let mut r = Row::new(
             op,
             shape.clone(),
@@ -193,10 +201,13 @@ pub fn decode_rows(
             threads,
             t,
             Work::Bytes(state_bytes),
-            "state bytes read + written".into(),
+            format!(
+                "state bytes read + written; {:.2}x memcpy ({memcpy:.2} GB/s)",
+                rate / memcpy
+            ),
         );
         r.vs_reference = Some(reference / t);
-        report.push_against(r, "memcpy", memcpy);
+        report.push_against(r, "in-place rmw", rmw_gbps);
     }
     // A state that fits in the caches is timed again from memory, the helpers asleep.
     if state_bytes > COLD_ROW_MAX_STATE_BYTES {

@@ -1,0 +1,157 @@
+// ssmk-llama-check: runs a GGUF model through llama.cpp and records what ggml-ssmk must not change.
+//
+//   ssmk-llama-check run MODEL OUT [REQUIRED_DEVICE]
+//       loads every backend (GGML_BACKEND_PATH included), fails unless REQUIRED_DEVICE is among
+//       them, prefills a fixed 40-token prompt in ubatches of 16 (so prefills also continue a
+//       state), then decodes 32 tokens greedily; writes each step's token and logits to OUT.
+//   ssmk-llama-check compare A B MAX_NMSE
+//       fails unless both runs chose the same tokens and every step's logits agree within MAX_NMSE.
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kPromptTokens = 40;
+constexpr int kUbatch = 16;
+constexpr int kDecodeSteps = 32;
+
+struct Step {
+    int32_t token;
+    std::vector<float> logits;
+};
+
+bool has_device(const char * name) {
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        if (std::strcmp(ggml_backend_dev_name(ggml_backend_dev_get(i)), name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+int greedy(const float * logits, int n_vocab) {
+    int best = 0;
+    for (int i = 1; i < n_vocab; ++i) {
+        if (logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+int run(const char * model_path, const char * out_path, const char * required_device) {
+    ggml_backend_load_all();
+    if (required_device != nullptr && !has_device(required_device)) {
+        std::fprintf(stderr, "ssmk-llama-check: device %s is not loaded\n", required_device);
+        return 1;
+    }
+    llama_backend_init();
+    llama_model_params mparams = llama_model_default_params();
+    llama_model * model = llama_model_load_from_file(model_path, mparams);
+    if (model == nullptr) {
+        std::fprintf(stderr, "ssmk-llama-check: cannot load %s\n", model_path);
+        return 1;
+    }
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx = 128;
+    cparams.n_batch = kUbatch;
+    cparams.n_ubatch = kUbatch;
+    cparams.n_threads = cparams.n_threads_batch = 2;
+    llama_context * ctx = llama_init_from_model(model, cparams);
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+
+    std::vector<Step> steps;
+    std::vector<llama_token> prompt(kPromptTokens);
+    for (int i = 0; i < kPromptTokens; ++i) {
+        prompt[i] = (i * 7 + 3) % n_vocab;
+    }
+    for (int pos = 0; pos < kPromptTokens; pos += kUbatch) {
+        const int n = std::min(kUbatch, kPromptTokens - pos);
+        if (llama_decode(ctx, llama_batch_get_one(prompt.data() + pos, n)) != 0) {
+            std::fprintf(stderr, "ssmk-llama-check: prompt decode failed\n");
+            return 1;
+        }
+    }
+    for (int step = 0; step < kDecodeSteps; ++step) {
+        const float * logits = llama_get_logits_ith(ctx, -1);
+        llama_token token = greedy(logits, n_vocab);
+        steps.push_back({token, std::vector<float>(logits, logits + n_vocab)});
+        if (llama_decode(ctx, llama_batch_get_one(&token, 1)) != 0) {
+            std::fprintf(stderr, "ssmk-llama-check: decode step %d failed\n", step);
+            return 1;
+        }
+    }
+    llama_free(ctx);
+    llama_model_free(model);
+
+    FILE * f = std::fopen(out_path, "wb");
+    std::fwrite(&n_vocab, sizeof n_vocab, 1, f);
+    for (const Step & s : steps) {
+        std::fwrite(&s.token, sizeof s.token, 1, f);
+        std::fwrite(s.logits.data(), sizeof(float), s.logits.size(), f);
+    }
+    std::fclose(f);
+    return 0;
+}
+
+std::vector<Step> read_steps(const char * path) {
+    std::vector<Step> steps;
+    FILE * f = std::fopen(path, "rb");
+    int n_vocab = 0;
+    if (f == nullptr || std::fread(&n_vocab, sizeof n_vocab, 1, f) != 1) {
+        std::fprintf(stderr, "ssmk-llama-check: cannot read %s\n", path);
+        std::exit(1);
+    }
+    Step s{0, std::vector<float>(n_vocab)};
+    while (std::fread(&s.token, sizeof s.token, 1, f) == 1 &&
+           std::fread(s.logits.data(), sizeof(float), n_vocab, f) == (size_t) n_vocab) {
+        steps.push_back(s);
+    }
+    std::fclose(f);
+    return steps;
+}
+
+int compare(const char * a_path, const char * b_path, double max_nmse) {
+    const std::vector<Step> a = read_steps(a_path), b = read_steps(b_path);
+    if (a.size() != b.size() || a.empty()) {
+        std::fprintf(stderr, "ssmk-llama-check: %zu vs %zu steps\n", a.size(), b.size());
+        return 1;
+    }
+    double worst = 0.0;
+    int mismatched_tokens = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        double err = 0.0, ref = 0.0;
+        for (size_t j = 0; j < a[i].logits.size(); ++j) {
+            const double d = (double) a[i].logits[j] - b[i].logits[j];
+            err += d * d;
+            ref += (double) a[i].logits[j] * a[i].logits[j];
+        }
+        worst = std::max(worst, ref > 0.0 ? err / ref : err);
+        mismatched_tokens += a[i].token != b[i].token;
+    }
+    const bool ok = worst <= max_nmse && mismatched_tokens == 0;
+    std::printf("%s: %zu steps, worst logits NMSE %.3e (max %.1e), %d tokens differ\n", ok ? "OK" : "FAIL", a.size(),
+                worst, max_nmse, mismatched_tokens);
+    return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    if (argc >= 4 && std::strcmp(argv[1], "run") == 0) {
+        return run(argv[2], argv[3], argc >= 5 ? argv[4] : nullptr);
+    }
+    if (argc == 5 && std::strcmp(argv[1], "compare") == 0) {
+        return compare(argv[2], argv[3], std::atof(argv[4]));
+    }
+    std::fprintf(stderr, "usage: %s run MODEL OUT [REQUIRED_DEVICE] | compare A B MAX_NMSE\n", argv[0]);
+    return 2;
+}

@@ -2,7 +2,7 @@
 //
 //   ssmk-llama-check run MODEL OUT [REQUIRED_DEVICE]
 //       loads every backend (GGML_BACKEND_PATH included), fails unless REQUIRED_DEVICE is among
-//       them, prefills a fixed 40-token prompt in ubatches of 16 (so prefills also continue a
+//       them, prefills a fixed 40-token prompt in ubatches of 32 (so a prefill also continues a
 //       state), then decodes 32 tokens greedily; writes each step's token and logits to OUT.
 //   ssmk-llama-check compare A B MAX_NMSE
 //       fails unless both runs chose the same tokens and every step's logits agree within MAX_NMSE.
@@ -20,7 +20,7 @@
 namespace {
 
 constexpr int kPromptTokens = 40;
-constexpr int kUbatch = 16;
+constexpr int kUbatch = 32;  // 40 = 32 + 8: the delta rule takes its chunked form (>= 24 tokens) and its recurrence
 constexpr int kDecodeSteps = 32;
 
 struct Step {

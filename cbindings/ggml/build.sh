@@ -5,8 +5,8 @@
 #   venv/   cmake, ninja and scikit-build-core from PyPI (the sdist's metadata step needs the last)
 #   src/    vendor/llama.cpp of the sdist
 #   build/  the llama.cpp build (only the targets below)
-#   ssmk/   libggml-ssmk.so, ssmk-llama-check and a libssmk.so.0 link to cargo's libssmk.so
-# Prints the paths as shell assignments on its last lines (LLAMA_BIN=..., SSMK_GGML_LIB=...).
+#   ssmk/   libggml-ssmk.so, ssmk-llama-check, ssmk-op-bench and a libssmk.so.0 link to cargo's libssmk.so
+# Prints the paths as shell assignments on its last lines (LLAMA_BIN=..., SSMK_GGML_LIB=..., ...).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 root=$PWD
@@ -58,6 +58,10 @@ fi
 if newer ssmk/ssmk-llama-check "$here/ssmk-llama-check.cpp" "$dir/build/bin/libllama.so"; then
   nice -n 5 g++ "${flags[@]}" "$here/ssmk-llama-check.cpp" -o ssmk/ssmk-llama-check -lllama -lggml -lggml-base
 fi
+if newer ssmk/ssmk-op-bench "$here/ssmk-op-bench.cpp" "$dir/build/bin/libggml.so"; then
+  nice -n 5 g++ "${flags[@]}" "$here/ssmk-op-bench.cpp" -o ssmk/ssmk-op-bench -lggml -lggml-base
+fi
 echo "LLAMA_BIN=$dir/build/bin"
 echo "SSMK_GGML_LIB=$dir/ssmk/libggml-ssmk.so"
 echo "SSMK_LLAMA_CHECK=$dir/ssmk/ssmk-llama-check"
+echo "SSMK_OP_BENCH=$dir/ssmk/ssmk-op-bench"

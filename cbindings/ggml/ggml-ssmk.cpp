@@ -118,7 +118,8 @@ struct BackendContext {
     int n_threads = GGML_DEFAULT_N_THREADS;
     int ctx_threads = 0;
     ssmk_context * ssmk = nullptr;
-    std::vector<float> conv_history;  // [S, W-1, D]: the window's history columns, channel-contiguous
+    std::vector<float> conv_history;  // [S, W-1, D]: the conv window's history, channels contiguous
+    std::vector<float> conv_input;    // [S, T, D]: the conv window's new tokens, channels contiguous
 
     ~BackendContext() { ssmk_context_destroy(ssmk); }
 
@@ -142,9 +143,10 @@ bool check(int32_t status, const ggml_tensor * node) {
 
 // ---------------------------------------------------------------- SSM_CONV
 
-// sx {W-1+T, D, S} is the already concatenated window [history, x]; c {W, D}; out {D, T, S}.
-// ssmk's decode/verify entry appends each sequence's T tokens to its history, which it reads from a
-// state pool: the W-1 history columns are copied there (the pool's update is discarded).
+// sx {W-1+T, D, S} is the already concatenated window [history, x], time contiguous per channel;
+// c {W, D}; out {D, T, S}. ssmk's decode/verify entry appends each sequence's T tokens to its
+// history, read from a state pool (its update is discarded). Its fast path wants channels
+// contiguous, so the window is transposed into the pool and a token buffer.
 bool compute_ssm_conv(BackendContext & ctx, ggml_tensor * dst) {
     const ggml_tensor * sx = dst->src[0];
     const ggml_tensor * c = dst->src[1];
@@ -153,15 +155,21 @@ bool compute_ssm_conv(BackendContext & ctx, ggml_tensor * dst) {
         return true;
     }
     ctx.conv_history.resize((size_t) (S * (W - 1) * D));
+    ctx.conv_input.resize((size_t) (S * T * D));
     for (int64_t s = 0; s < S; ++s) {
+        float * history = ctx.conv_history.data() + s * (W - 1) * D;
+        float * input = ctx.conv_input.data() + s * T * D;
         for (int64_t d = 0; d < D; ++d) {
             const float * row = (const float *) at(sx, s * sx->nb[2] + d * sx->nb[1]);
             for (int64_t j = 0; j < W - 1; ++j) {
-                ctx.conv_history[(size_t) ((s * (W - 1) + j) * D + d)] = row[j];
+                history[j * D + d] = row[j];
+            }
+            for (int64_t t = 0; t < T; ++t) {
+                input[t * D + d] = row[W - 1 + t];
             }
         }
     }
-    View x(sx->data, kF32, {{S, elems(sx->nb[2])}, {T, 1}, {D, elems(sx->nb[1])}}, (W - 1) * sizeof(float));
+    View x(ctx.conv_input.data(), kF32, {{S, T * D}, {T, D}, {D, 1}});
     View history(ctx.conv_history.data(), kF32, {{S, (W - 1) * D}, {W - 1, D}, {D, 1}});
     View weight(c->data, kF32, {{D, elems(c->nb[1])}, {W, 1}});
     View out(dst->data, kF32, {{S, elems(dst->nb[2])}, {T, elems(dst->nb[1])}, {D, 1}});

@@ -7,7 +7,8 @@
 // so it checks both at load and refuses to register on any other build.
 //
 // Environment: SSMK_GGML_OPS=none or a comma list of conv,scan,gdn (default: all) chooses the ops
-// it claims, for A/B runs in an unchanged setup.
+// it claims, for A/B runs in an unchanged setup. SSMK_POOL=openmp runs ssmk on ggml's thread count
+// (ggml's OpenMP team); without it ssmk runs on the calling thread.
 
 #include "ggml-backend-impl.h"
 #include "ggml.h"
@@ -114,6 +115,14 @@ bool tokens_packed(const ggml_tensor * t, int seq_dim) {
 
 // ---------------------------------------------------------------- backend state
 
+// ssmk runs on ggml's thread count only on ggml's own OpenMP team (SSMK_POOL=openmp, read by
+// ssmk_context_create); otherwise on the calling thread, since ggml's OpenMP workers keep spinning
+// on the other cores after each CPU split and a second pool would fight them.
+int ssmk_threads(int ggml_threads) {
+    const char * pool = std::getenv("SSMK_POOL");
+    return pool != nullptr && std::strcmp(pool, "openmp") == 0 ? ggml_threads : 1;
+}
+
 struct BackendContext {
     int n_threads = GGML_DEFAULT_N_THREADS;
     int ctx_threads = 0;
@@ -124,10 +133,11 @@ struct BackendContext {
     ~BackendContext() { ssmk_context_destroy(ssmk); }
 
     const ssmk_context * context() {
-        if (ssmk == nullptr || ctx_threads != n_threads) {
+        const int threads = ssmk_threads(n_threads);
+        if (ssmk == nullptr || ctx_threads != threads) {
             ssmk_context_destroy(ssmk);
-            ssmk = ssmk_context_create((uint32_t) n_threads);
-            ctx_threads = n_threads;
+            ssmk = ssmk_context_create((uint32_t) threads);
+            ctx_threads = threads;
         }
         return ssmk;
     }

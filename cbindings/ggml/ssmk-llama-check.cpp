@@ -1,9 +1,12 @@
 // ssmk-llama-check: runs a GGUF model through llama.cpp and records what ggml-ssmk must not change.
 //
-//   ssmk-llama-check run MODEL OUT [REQUIRED_DEVICE]
+//   ssmk-llama-check run MODEL OUT [REQUIRED_DEVICE [no-parallel]]
 //       loads every backend (GGML_BACKEND_PATH included), fails unless REQUIRED_DEVICE is among
 //       them, prefills a fixed 40-token prompt in ubatches of 32 (so a prefill also continues a
-//       state), then decodes 32 tokens greedily; writes each step's token and logits to OUT.
+//       state), then decodes 32 tokens greedily; then, in a fresh context, 4 sequences with
+//       prompts of 10, 20, 30 and 40 tokens in one batch (ubatches then hold several sequences)
+//       and 16 greedy steps of all 4 together (skipped with no-parallel). Writes each step's
+//       token and logits to OUT.
 //   ssmk-llama-check compare A B MAX_NMSE
 //       fails unless both runs chose the same tokens and every step's logits agree within MAX_NMSE.
 
@@ -22,6 +25,8 @@ namespace {
 constexpr int kPromptTokens = 40;
 constexpr int kUbatch = 32;  // 40 = 32 + 8: the delta rule takes its chunked form (>= 24 tokens) and its recurrence
 constexpr int kDecodeSteps = 32;
+constexpr int kParallelSeqs = 4;
+constexpr int kParallelSteps = 16;
 
 struct Step {
     int32_t token;
@@ -47,7 +52,65 @@ int greedy(const float * logits, int n_vocab) {
     return best;
 }
 
-int run(const char * model_path, const char * out_path, const char * required_device) {
+llama_context * new_context(llama_model * model, int n_seqs) {
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx = 128 * n_seqs;
+    cparams.n_batch = kUbatch * n_seqs;
+    cparams.n_ubatch = kUbatch;
+    cparams.n_seq_max = n_seqs;
+    cparams.n_threads = cparams.n_threads_batch = 2;
+    return llama_init_from_model(model, cparams);
+}
+
+llama_token prompt_token(int seq, int i, int n_vocab) { return (i * 7 + 3 + 11 * seq) % n_vocab; }
+
+// Sequence s has a prompt of 10 (s + 1) tokens; all prompts go in one batch, then every decode
+// step feeds the 4 sequences' greedy tokens in one batch.
+bool run_parallel(llama_model * model, int n_vocab, std::vector<Step> & steps) {
+    llama_context * ctx = new_context(model, kParallelSeqs);
+    llama_batch batch = llama_batch_init(kParallelSeqs * kPromptTokens, 0, 1);
+    std::vector<int> last(kParallelSeqs), length(kParallelSeqs);
+    batch.n_tokens = 0;
+    for (int s = 0; s < kParallelSeqs; ++s) {
+        length[s] = 10 * (s + 1);
+        for (int i = 0; i < length[s]; ++i) {
+            const int j = batch.n_tokens++;
+            batch.token[j] = prompt_token(s, i, n_vocab);
+            batch.pos[j] = i;
+            batch.n_seq_id[j] = 1;
+            batch.seq_id[j][0] = s;
+            batch.logits[j] = i == length[s] - 1;
+            last[s] = j;
+        }
+    }
+    bool ok = llama_decode(ctx, batch) == 0;
+    for (int step = 0; ok && step < kParallelSteps; ++step) {
+        std::vector<llama_token> next(kParallelSeqs);
+        for (int s = 0; s < kParallelSeqs; ++s) {
+            const float * logits = llama_get_logits_ith(ctx, last[s]);
+            next[s] = greedy(logits, n_vocab);
+            steps.push_back({next[s], std::vector<float>(logits, logits + n_vocab)});
+        }
+        batch.n_tokens = kParallelSeqs;
+        for (int s = 0; s < kParallelSeqs; ++s) {
+            batch.token[s] = next[s];
+            batch.pos[s] = length[s]++;
+            batch.n_seq_id[s] = 1;
+            batch.seq_id[s][0] = s;
+            batch.logits[s] = true;
+            last[s] = s;
+        }
+        ok = llama_decode(ctx, batch) == 0;
+    }
+    llama_batch_free(batch);
+    llama_free(ctx);
+    if (!ok) {
+        std::fprintf(stderr, "ssmk-llama-check: parallel decode failed\n");
+    }
+    return ok;
+}
+
+int run(const char * model_path, const char * out_path, const char * required_device, bool parallel) {
     ggml_backend_load_all();
     if (required_device != nullptr && !has_device(required_device)) {
         std::fprintf(stderr, "ssmk-llama-check: device %s is not loaded\n", required_device);
@@ -60,18 +123,13 @@ int run(const char * model_path, const char * out_path, const char * required_de
         std::fprintf(stderr, "ssmk-llama-check: cannot load %s\n", model_path);
         return 1;
     }
-    llama_context_params cparams = llama_context_default_params();
-    cparams.n_ctx = 128;
-    cparams.n_batch = kUbatch;
-    cparams.n_ubatch = kUbatch;
-    cparams.n_threads = cparams.n_threads_batch = 2;
-    llama_context * ctx = llama_init_from_model(model, cparams);
+    llama_context * ctx = new_context(model, 1);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     std::vector<Step> steps;
     std::vector<llama_token> prompt(kPromptTokens);
     for (int i = 0; i < kPromptTokens; ++i) {
-        prompt[i] = (i * 7 + 3) % n_vocab;
+        prompt[i] = prompt_token(0, i, n_vocab);
     }
     for (int pos = 0; pos < kPromptTokens; pos += kUbatch) {
         const int n = std::min(kUbatch, kPromptTokens - pos);
@@ -90,7 +148,11 @@ int run(const char * model_path, const char * out_path, const char * required_de
         }
     }
     llama_free(ctx);
+    const bool parallel_ok = !parallel || run_parallel(model, n_vocab, steps);
     llama_model_free(model);
+    if (!parallel_ok) {
+        return 1;
+    }
 
     FILE * f = std::fopen(out_path, "wb");
     std::fwrite(&n_vocab, sizeof n_vocab, 1, f);
@@ -147,11 +209,12 @@ int compare(const char * a_path, const char * b_path, double max_nmse) {
 
 int main(int argc, char ** argv) {
     if (argc >= 4 && std::strcmp(argv[1], "run") == 0) {
-        return run(argv[2], argv[3], argc >= 5 ? argv[4] : nullptr);
+        return run(argv[2], argv[3], argc >= 5 ? argv[4] : nullptr,
+                   argc < 6 || std::strcmp(argv[5], "no-parallel") != 0);
     }
     if (argc == 5 && std::strcmp(argv[1], "compare") == 0) {
         return compare(argv[2], argv[3], std::atof(argv[4]));
     }
-    std::fprintf(stderr, "usage: %s run MODEL OUT [REQUIRED_DEVICE] | compare A B MAX_NMSE\n", argv[0]);
+    std::fprintf(stderr, "usage: %s run MODEL OUT [REQUIRED_DEVICE [no-parallel]] | compare A B MAX_NMSE\n", argv[0]);
     return 2;
 }

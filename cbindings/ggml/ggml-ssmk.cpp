@@ -83,14 +83,14 @@ struct Dim {
 // An ssmk_tensor that owns its shape and strides (ssmk_tensor only points at them), hence pinned.
 class View {
   public:
-    View(const void * data, ssmk_dtype dtype, std::initializer_list<Dim> dims, uint64_t byte_offset = 0) {
+    View(const void * data, ssmk_dtype dtype, std::initializer_list<Dim> dims) {
         int i = 0;
         for (const Dim & d : dims) {
             shape_[i] = d.size;
             strides_[i] = d.stride;
             ++i;
         }
-        tensor_ = {const_cast<void *>(data), {SSMK_DEVICE_CPU, 0}, i, dtype, shape_, strides_, byte_offset};
+        tensor_ = {const_cast<void *>(data), {SSMK_DEVICE_CPU, 0}, i, dtype, shape_, strides_, 0};
     }
     View(const View &) = delete;
     View & operator=(const View &) = delete;
@@ -119,8 +119,11 @@ bool tokens_packed(const ggml_tensor * t, int seq_dim) {
 // ssmk_context_create); otherwise on the calling thread, since ggml's OpenMP workers keep spinning
 // on the other cores after each CPU split and a second pool would fight them.
 int ssmk_threads(int ggml_threads) {
-    const char * pool = std::getenv("SSMK_POOL");
-    return pool != nullptr && std::strcmp(pool, "openmp") == 0 ? ggml_threads : 1;
+    static const bool on_openmp_team = [] {
+        const char * pool = std::getenv("SSMK_POOL");
+        return pool != nullptr && std::strcmp(pool, "openmp") == 0;
+    }();
+    return on_openmp_team ? ggml_threads : 1;
 }
 
 struct BackendContext {

@@ -3,10 +3,11 @@
 //   ssmk-llama-check run MODEL OUT [REQUIRED_DEVICE [no-parallel]]
 //       loads every backend (GGML_BACKEND_PATH included), fails unless REQUIRED_DEVICE is among
 //       them, prefills a fixed 40-token prompt in ubatches of 32 (so a prefill also continues a
-//       state), then decodes 32 tokens greedily; then, in a fresh context, 4 sequences with
-//       prompts of 10, 20, 30 and 40 tokens in one batch (ubatches then hold several sequences)
-//       and 16 greedy steps of all 4 together (skipped with no-parallel). Writes each step's
-//       token and logits to OUT.
+//       state), then decodes 32 tokens greedily; restores the state saved after the prompt
+//       (llama_state_seq_get/set_data) and fails unless 8 steps replay bit for bit; then, in a
+//       fresh context, 4 sequences with prompts of 10, 20, 30 and 40 tokens in one batch
+//       (ubatches then hold several sequences) and 16 greedy steps of all 4 together (skipped
+//       with no-parallel). Writes each step's token and logits to OUT.
 //   ssmk-llama-check compare A B MAX_NMSE
 //       fails unless both runs chose the same tokens and every step's logits agree within MAX_NMSE.
 
@@ -25,6 +26,7 @@ namespace {
 constexpr int kPromptTokens = 40;
 constexpr int kUbatch = 32;  // 40 = 32 + 8: the delta rule takes its chunked form (>= 24 tokens) and its recurrence
 constexpr int kDecodeSteps = 32;
+constexpr int kReplaySteps = 8;
 constexpr int kParallelSeqs = 4;
 constexpr int kParallelSteps = 16;
 
@@ -110,6 +112,25 @@ bool run_parallel(llama_model * model, int n_vocab, std::vector<Step> & steps) {
     return ok;
 }
 
+// The state saved after the prompt, restored, must continue bit for bit as the first run did.
+bool replay_from_saved_state(llama_context * ctx, const std::vector<uint8_t> & saved, const std::vector<Step> & steps,
+                             int n_vocab) {
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
+    if (llama_state_seq_set_data(ctx, saved.data(), saved.size(), 0) != saved.size()) {
+        std::fprintf(stderr, "ssmk-llama-check: state restore failed\n");
+        return false;
+    }
+    for (int step = 0; step < kReplaySteps; ++step) {
+        llama_token token = steps[step].token;
+        if (llama_decode(ctx, llama_batch_get_one(&token, 1)) != 0 ||
+            std::memcmp(llama_get_logits_ith(ctx, -1), steps[step + 1].logits.data(), n_vocab * sizeof(float)) != 0) {
+            std::fprintf(stderr, "ssmk-llama-check: step %d after the state restore differs\n", step + 1);
+            return false;
+        }
+    }
+    return true;
+}
+
 int run(const char * model_path, const char * out_path, const char * required_device, bool parallel) {
     ggml_backend_load_all();
     if (required_device != nullptr && !has_device(required_device)) {
@@ -138,6 +159,8 @@ int run(const char * model_path, const char * out_path, const char * required_de
             return 1;
         }
     }
+    std::vector<uint8_t> saved(llama_state_seq_get_size(ctx, 0));
+    llama_state_seq_get_data(ctx, saved.data(), saved.size(), 0);
     for (int step = 0; step < kDecodeSteps; ++step) {
         const float * logits = llama_get_logits_ith(ctx, -1);
         llama_token token = greedy(logits, n_vocab);
@@ -147,10 +170,11 @@ int run(const char * model_path, const char * out_path, const char * required_de
             return 1;
         }
     }
+    const bool restore_ok = replay_from_saved_state(ctx, saved, steps, n_vocab);
     llama_free(ctx);
     const bool parallel_ok = !parallel || run_parallel(model, n_vocab, steps);
     llama_model_free(model);
-    if (!parallel_ok) {
+    if (!restore_ok || !parallel_ok) {
         return 1;
     }
 

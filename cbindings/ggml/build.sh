@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds the pinned llama.cpp (the source the llama-cpp-python 0.3.36 sdist vendors: commit 0c1e570,
+# ggml 0.25.3) as shared libraries, then libggml-ssmk.so against it and libssmk.so.
+# Everything lands in $SSMK_LLAMA_DIR (default target/llama-cpp) and is reused on the next run:
+#   venv/   cmake, ninja and scikit-build-core from PyPI (the sdist's metadata step needs the last)
+#   src/    vendor/llama.cpp of the sdist
+#   build/  the llama.cpp build (only the targets below)
+#   ssmk/   libggml-ssmk.so, ssmk-llama-check, ssmk-op-bench and a libssmk.so.0 link to cargo's libssmk.so
+# Prints the paths as shell assignments on its last lines (LLAMA_BIN=..., SSMK_GGML_LIB=..., ...).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+root=$PWD
+dir=${SSMK_LLAMA_DIR:-$root/target/llama-cpp}
+version=0.3.36
+commit=0c1e57098bba43ac29e6e3b677cdceebdd22334f
+mkdir -p "$dir"
+cd "$dir"
+
+if [ ! -x venv/bin/ninja ] || [ ! -x venv/bin/cmake ]; then
+  python3 -m venv venv
+  venv/bin/pip install -q cmake ninja scikit-build-core
+fi
+export PATH=$dir/venv/bin:$PATH
+
+if [ ! -f src/ssmk-commit ]; then
+  sdist=llama_cpp_python-$version.tar.gz
+  [ -f "$sdist" ] || venv/bin/pip download -q --no-deps --no-binary :all: --no-build-isolation \
+    "llama-cpp-python==$version" -d .
+  rm -rf src "llama_cpp_python-$version"
+  tar xzf "$sdist" "llama_cpp_python-$version/vendor/llama.cpp"
+  mv "llama_cpp_python-$version/vendor/llama.cpp" src
+  rm -rf "llama_cpp_python-$version"
+  echo "$commit" > src/ssmk-commit
+fi
+
+# Tools and tests only (no server, no examples, no network code).
+if [ ! -f build/build.ninja ]; then
+  cmake -S src -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
+fi
+nice -n 5 ninja -C build ${SSMK_LLAMA_TARGETS:-ggml ggml-base ggml-cpu llama test-backend-ops test-llama-archs llama-bench}
+
+# libssmk.so (incremental), then the backend and the checker, rebuilt when a source is newer.
+(cd "$root" && nice -n 5 cargo build --release --lib --quiet)
+ssmk_lib=${CARGO_TARGET_DIR:-$root/target}/release
+mkdir -p ssmk
+# The backend finds libssmk by its SONAME next to itself ($ORIGIN).
+ln -sfn "$ssmk_lib/libssmk.so" ssmk/libssmk.so.0
+here=$root/cbindings/ggml
+flags=(-std=c++17 -O2 -Wall -Wextra -Werror -fPIC -I "$dir/src/include" -I "$dir/src/ggml/include"
+  -I "$dir/src/ggml/src" -I "$root/include" -L "$dir/build/bin" -L "$ssmk_lib"
+  -Wl,-rpath,"$dir/build/bin" -Wl,-rpath,'$ORIGIN')
+newer() { [ ! -f "$1" ] || [ -n "$(find "${@:2}" -newer "$1" 2>/dev/null)" ]; }
+if newer ssmk/libggml-ssmk.so "$here/ggml-ssmk.cpp" "$root/include/ssmk.h" "$dir/build/bin/libggml-base.so"; then
+  nice -n 5 g++ "${flags[@]}" -shared "$here/ggml-ssmk.cpp" -o ssmk/libggml-ssmk.so -lggml-base -lssmk
+fi
+if newer ssmk/ssmk-llama-check "$here/ssmk-llama-check.cpp" "$dir/build/bin/libllama.so"; then
+  nice -n 5 g++ "${flags[@]}" "$here/ssmk-llama-check.cpp" -o ssmk/ssmk-llama-check -lllama -lggml -lggml-base
+fi
+if newer ssmk/ssmk-op-bench "$here/ssmk-op-bench.cpp" "$dir/build/bin/libggml.so"; then
+  nice -n 5 g++ "${flags[@]}" "$here/ssmk-op-bench.cpp" -o ssmk/ssmk-op-bench -lggml -lggml-base
+fi
+echo "LLAMA_BIN=$dir/build/bin"
+echo "SSMK_GGML_LIB=$dir/ssmk/libggml-ssmk.so"
+echo "SSMK_LLAMA_CHECK=$dir/ssmk/ssmk-llama-check"
+echo "SSMK_OP_BENCH=$dir/ssmk/ssmk-op-bench"

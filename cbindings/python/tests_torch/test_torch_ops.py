@@ -106,7 +106,7 @@ class Package(unittest.TestCase):
 
     def test_every_kernel_is_an_op(self):
         for name in ("causal_conv1d_fwd", "causal_conv1d_update", "gdn_gating", "kda_gating",
-                     "gated_delta_rule", "short_conv", "mamba2_scan", "zero_blocks",
+                     "gated_delta_rule", "dplr_delta_rule", "short_conv", "mamba2_scan", "zero_blocks",
                      "zero_blocks_multi", "batch_memcpy"):
             op = getattr(torch.ops.ssmk, name).default
             self.assertTrue(callable(getattr(st, name)), name)

@@ -27,6 +27,9 @@ import time
 
 os.environ["RWKV_V7_ON"] = "1"
 os.environ["RWKV_CUDA_ON"] = "0"
+# Run as a script, this file's directory comes first on sys.path and its name shadows the package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p) != _HERE]
 
 import torch
 

@@ -77,6 +77,7 @@ def reset_call_counts():
 
 
 def is_enabled():
+    """True between :func:`enable` and :func:`disable`."""
     return _routing
 
 

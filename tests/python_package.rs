@@ -1,7 +1,8 @@
 //! The Python package end to end, as a user gets it: builds the wheel from `cbindings/python`
 //! with its build backend (setuptools-rust runs cargo), installs it into a fresh venv without
 //! torch and imports it there with no `SSMK_LIBRARY`, then installs it into a venv with torch and
-//! runs the torch-op tests (`cbindings/python/tests_torch`) and the transformers hook end to end
+//! runs the torch-op tests (`cbindings/python/tests_torch`), the `rwkv` package hook
+//! (`cbindings/python/tests_rwkv`) and the transformers hook end to end
 //! (`cbindings/python/tests_e2e`) on each pinned transformers release.
 //!
 //! - The torch venv (`target/py-ssmk`, or `$SSMK_PY_VENV`) is created on first use with the
@@ -31,8 +32,12 @@ const TORCH_VENV_REQUIREMENTS: &str = "cbindings/python/tests_e2e/requirements.t
 /// Further transformers releases the end-to-end tests run on, each a file pinning one
 /// `transformers==X` that installs over the torch venv's dependencies.
 const TRANSFORMERS_REQUIREMENTS_PREFIX: &str = "requirements-transformers-";
-/// The torch ops, run once in the torch venv.
-const TORCH_TEST_DIR: &str = "cbindings/python/tests_torch";
+/// Run once each in the torch venv: the torch ops, and the `rwkv` package (RWKV-7) routed by
+/// `ssmk.rwkv` on a tiny random-weight model.
+const TORCH_TEST_DIRS: [&str; 2] = [
+    "cbindings/python/tests_torch",
+    "cbindings/python/tests_rwkv",
+];
 /// The transformers hook end to end on tiny random-weight models (no downloads), run once per
 /// transformers release.
 const E2E_TEST_DIR: &str = "cbindings/python/tests_e2e";
@@ -346,9 +351,11 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
         cmd.arg(&wheel);
         run(cmd, "pip install the wheel (torch venv)");
     });
-    step(&format!("run {TORCH_TEST_DIR}"), || {
-        run_tests(&torch_py, TORCH_TEST_DIR, None, &scratch)
-    });
+    for dir in TORCH_TEST_DIRS {
+        step(&format!("run {dir}"), || {
+            run_tests(&torch_py, dir, None, &scratch)
+        });
+    }
     step(
         &format!("run {E2E_TEST_DIR} (the torch venv's transformers)"),
         || run_tests(&torch_py, E2E_TEST_DIR, None, &scratch),

@@ -51,6 +51,7 @@ ACTIVATION_NONE = 0
 ACTIVATION_SILU = 1
 GDN_QK_L2NORM = 1
 GDN_GQA_TILED = 2
+DPLR_W_LINEAR = 1
 MAMBA2_DT_SOFTPLUS = 1
 
 DEVICE_CPU = 1
@@ -126,6 +127,10 @@ SIGNATURES = {
     "ssmk_gated_delta_rule": (
         c_int32,
         [_CTX, _T, _T, _T, _T, _T, c_float, _T, _T, _T, _T, _T, c_uint32, c_float, c_int64, _T, _T, _T],
+    ),
+    "ssmk_dplr_delta_rule": (
+        c_int32,
+        [_CTX, _T, _T, _T, _T, _T, _T, c_float, _T, _T, _T, _T, _T, c_uint32, c_int64, _T, _T, _T],
     ),
     "ssmk_short_conv": (c_int32, [_CTX, _T, _T, _T, _T, _T, _T, _T, c_int64, _T, _T, _T]),
     "ssmk_mamba2_scan": (
@@ -379,6 +384,16 @@ def gated_delta_rule(q, k, v, g, beta, out, state=None, cu_seqlens=None, state_i
     _check("ssmk_gated_delta_rule", lib.ssmk_gated_delta_rule(
         _ctx(ctx), q, k, v, g, beta, scale, state, cu, idx, init, acc, flags, l2norm_eps, pad_slot_id, out,
         co, cs))
+
+
+def dplr_delta_rule(r, w, k, v, a, b, out, state=None, cu_seqlens=None, state_indices=None,
+                    has_initial_state=None, num_accepted_tokens=None, scale=0.0, flags=0, pad_slot_id=-1,
+                    ctx=None, checkpoint_offsets=None, checkpoint_slots=None):
+    keep = [tensor(t) for t in (r, w, k, v, a, b, state, cu_seqlens, state_indices, has_initial_state,
+                                num_accepted_tokens, out, checkpoint_offsets, checkpoint_slots)]
+    r, w, k, v, a, b, state, cu, idx, init, acc, out, co, cs = (None if t is None else t.ptr for t in keep)
+    _check("ssmk_dplr_delta_rule", lib.ssmk_dplr_delta_rule(
+        _ctx(ctx), r, w, k, v, a, b, scale, state, cu, idx, init, acc, flags, pad_slot_id, out, co, cs))
 
 
 def mamba2_scan(x, dt, A, B, C, out, D=None, z=None, dt_bias=None, dt_min=float("-inf"),

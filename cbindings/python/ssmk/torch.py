@@ -43,6 +43,7 @@ import ssmk
 from ssmk import (
     ACTIVATION_NONE,
     ACTIVATION_SILU,
+    DPLR_W_LINEAR,
     ERR_INVALID_ARGUMENT,
     GDN_GQA_TILED,
     GDN_QK_L2NORM,
@@ -57,6 +58,7 @@ __all__ = [
     "batch_memcpy",
     "causal_conv1d_fwd",
     "causal_conv1d_update",
+    "dplr_delta_rule",
     "gated_delta_rule",
     "gdn_gating",
     "get_num_threads",
@@ -357,6 +359,33 @@ def _gated_delta_rule(
         l2norm_eps, pad_slot_id, _p(out), _p(checkpoint_offsets), _p(checkpoint_slots)))
 
 
+@_custom_op("dplr_delta_rule", mutates_args=("state", "out"))
+def _dplr_delta_rule(
+    r: Tensor,
+    w: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    scale: float,
+    state: Optional[Tensor],
+    cu_seqlens: Optional[Tensor],
+    state_indices: Optional[Tensor],
+    has_initial_state: Optional[Tensor],
+    num_accepted_tokens: Optional[Tensor],
+    flags: int,
+    pad_slot_id: int,
+    out: Tensor,
+    num_threads: int = 0,
+    checkpoint_offsets: Optional[Tensor] = None,
+    checkpoint_slots: Optional[Tensor] = None,
+) -> None:
+    _check("ssmk_dplr_delta_rule", _lib.ssmk_dplr_delta_rule(
+        _context(num_threads).handle, _p(r), _p(w), _p(k), _p(v), _p(a), _p(b), scale, _p(state),
+        _p(cu_seqlens), _p(state_indices), _p(has_initial_state), _p(num_accepted_tokens), flags,
+        pad_slot_id, _p(out), _p(checkpoint_offsets), _p(checkpoint_slots)))
+
+
 @_custom_op("short_conv", mutates_args=("conv_states", "out"))
 def _short_conv(
     bcx: Tensor,
@@ -453,7 +482,7 @@ def _no_output(*args, **kwargs):
 
 
 for _op in (_causal_conv1d_fwd, _causal_conv1d_update, _gdn_gating, _kda_gating, _gated_delta_rule,
-            _short_conv, _mamba2_scan, _zero_blocks, _zero_blocks_multi, _batch_memcpy):
+            _dplr_delta_rule, _short_conv, _mamba2_scan, _zero_blocks, _zero_blocks_multi, _batch_memcpy):
     _op.register_fake(_no_output)
 del _op
 
@@ -565,6 +594,29 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
           cu_seqlens, state_indices, has_initial_state,
           num_accepted_tokens, flags, float(l2norm_eps), pad_slot_id, out,
           num_threads, checkpoint_offsets, checkpoint_slots)
+    return out
+
+
+def dplr_delta_rule(r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
+                    scale: Optional[float] = None, state: Optional[Tensor] = None,
+                    cu_seqlens: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
+                    has_initial_state: Optional[Tensor] = None,
+                    num_accepted_tokens: Optional[Tensor] = None, *, w_linear: bool = False,
+                    pad_slot_id: int = -1, out: Optional[Tensor] = None, num_threads: int = 0,
+                    checkpoint_offsets: Optional[Tensor] = None,
+                    checkpoint_slots: Optional[Tensor] = None) -> Tensor:
+    """RWKV-7's generalized delta rule (``a = -kk``, ``b = kk * a_iclr``): prefill, decode, spec.
+
+    ``r, w, k, a, b [T,H,K]``, ``v [T,H,V]``; ``w`` f32 log-decays (the factors with
+    ``w_linear``); ``state [S,H,K,V]`` (or a ``[v][k]`` view of it) is read and written in place.
+    ``scale`` None = 1. Returns ``out [T,H,V]`` (v's dtype unless given).
+    """
+    if out is None:
+        out = _empty(v.shape, v.dtype, v)
+    _call("dplr_delta_rule", r, w, k, v, a, b, 0.0 if scale is None else float(scale), state,
+          cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
+          DPLR_W_LINEAR if w_linear else 0, pad_slot_id, out, num_threads, checkpoint_offsets,
+          checkpoint_slots)
     return out
 
 

@@ -76,6 +76,23 @@ def ref_delta_rule(q, k, v, g, beta, scale, S, l2norm, eps):
     return torch.stack(outs), S
 
 
+def ref_dplr(r, w, k, v, a, b, S, w_linear):
+    """One sequence of RWKV-7's rule: r, w, k, a, b [T,H,K], v [T,H,V], S [H,K,V] f64; ``w`` the
+    log-decays, or the factors with ``w_linear``."""
+    r, w, k, v, a, b = (t.double() for t in (r, w, k, v, a, b))
+    S = S.double().clone()
+    outs = []
+    for t in range(r.shape[0]):
+        o = []
+        for h in range(r.shape[1]):
+            d = w[t, h] if w_linear else torch.exp(w[t, h])
+            sa = a[t, h] @ S[h]
+            S[h] = d[:, None] * S[h] + torch.outer(b[t, h], sa) + torch.outer(k[t, h], v[t, h])
+            o.append(S[h].T @ r[t, h])
+        outs.append(torch.stack(o))
+    return torch.stack(outs), S
+
+
 def ref_mamba2(x, dt, A, B, C, D, z, dt_bias, h):
     """One sequence, softplus, no dt limit: x [T,NH,P], dt [T,NH], A [NH] or [NH,N] (per state
     channel), B/C [T,G,N], h [NH,P,N] f64."""
@@ -106,7 +123,7 @@ class Package(unittest.TestCase):
 
     def test_every_kernel_is_an_op(self):
         for name in ("causal_conv1d_fwd", "causal_conv1d_update", "gdn_gating", "kda_gating",
-                     "gated_delta_rule", "short_conv", "mamba2_scan", "zero_blocks",
+                     "gated_delta_rule", "dplr_delta_rule", "short_conv", "mamba2_scan", "zero_blocks",
                      "zero_blocks_multi", "batch_memcpy"):
             op = getattr(torch.ops.ssmk, name).default
             self.assertTrue(callable(getattr(st, name)), name)
@@ -358,6 +375,47 @@ class DeltaRule(unittest.TestCase):
         want, s1 = ref_delta_rule(q, k, v, g, beta, 0.5, torch.zeros(HV, K, V), False, 0)
         torch.testing.assert_close(out, want.float(), rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(state[0].float(), s1.float(), rtol=2e-2, atol=2e-2)
+
+
+class Dplr(unittest.TestCase):
+    H, K, V = 2, 16, 8
+
+    def test_varlen_into_a_transposed_pool_then_decode(self):
+        """A prefill (37 tokens, from its slot's state) and a fresh 3-token sequence into a pool
+        held [slot][h][v][k] (rwkv's and ggml's layout, passed as its [S,H,K,V] view), then one
+        decode token in the linear-decay form; against the f64 recurrence."""
+        H, K, V = self.H, self.K, self.V
+        cu = torch.tensor([0, 37, 40], dtype=torch.int32)
+        idx = torch.tensor([2, 0], dtype=torch.int64)
+        init = torch.tensor([True, False])
+        for dtype in DTYPES:
+            with self.subTest(dtype=dtype):
+                T = 41
+                r, k = randn(T, H, K, seed=50, dtype=dtype), randn(T, H, K, seed=51, dtype=dtype, scale=0.3)
+                v = randn(T, H, V, seed=52, dtype=dtype)
+                kk = torch.nn.functional.normalize(randn(T, H, K, seed=53), dim=-1)
+                iclr = torch.rand(T, H, K, generator=gen(54))
+                a, b = (-kk).to(dtype), (kk * iclr).to(dtype)
+                w = -torch.rand(T, H, K, generator=gen(55)) * 0.6 - 0.01
+                pool = randn(3, H, V, K, seed=56, scale=0.1)
+                before = pool.clone()
+                state = pool.transpose(2, 3)
+                out = st.dplr_delta_rule(r[:40], w[:40], k[:40], v[:40], a[:40], b[:40], None, state, cu,
+                                         idx, init)
+                self.assertEqual((out.shape, out.dtype), ((40, H, V), dtype))
+                for seq, (lo, hi) in enumerate(((0, 37), (37, 40))):
+                    slot = int(idx[seq])
+                    s0 = before[slot].transpose(1, 2) if init[seq] else torch.zeros(H, K, V)
+                    want, s1 = ref_dplr(r[lo:hi], w[lo:hi], k[lo:hi], v[lo:hi], a[lo:hi], b[lo:hi], s0, False)
+                    close(self, out[lo:hi], want, dtype, f"out of sequence {seq}", scale=2)
+                    torch.testing.assert_close(state[slot], s1.float(), rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(pool[1], before[1], rtol=0, atol=0)  # no sequence's slot
+                s1 = state[2].clone()
+                o1 = st.dplr_delta_rule(r[40:], w[40:].exp(), k[40:], v[40:], a[40:], b[40:], None, state,
+                                        state_indices=idx[:1], has_initial_state=init[:1], w_linear=True)
+                want, s2 = ref_dplr(r[40:], w[40:], k[40:], v[40:], a[40:], b[40:], s1, False)
+                close(self, o1, want, dtype, "decode", scale=2)
+                torch.testing.assert_close(state[2], s2.float(), rtol=1e-5, atol=1e-5)
 
 
 class Mamba2(unittest.TestCase):

@@ -1,7 +1,7 @@
 """One RWKV-7 (x070) time-mix of BlinkDL's ``rwkv`` package: its CPU torch path against ssmk.rwkv.
 
-Side by side (not CI): one layer of 32 heads of 64 (n_embd 2048, LoRA ranks 64/64/32/128 as in
-RWKV-7 1.5B-2.9B), random weights, f32, same process. Rows:
+Side by side (not CI): one layer of 32 heads of 64 (n_embd 2048, LoRA ranks 96/96/64/256: RWKV-LM's
+rules for that width, as in RWKV-7 1.5B), random weights, f32, same process. Rows:
 
 * ``recurrence prefill``: the package's per-token loop of ``RWKV_x070_TMix_seq`` (its code, as a
   TorchScript function of its own here) against one ``ssmk_dplr_delta_rule`` call, on the same
@@ -45,7 +45,7 @@ import ssmk.torch as st
 
 H, N = 32, 64
 C = H * N
-RANKS = {"w": 64, "a": 64, "v": 32, "g": 128}
+RANKS = {"w": 96, "a": 96, "v": 64, "g": 256}
 
 
 @torch.jit.script

@@ -14,7 +14,8 @@ and every step's logits are compared. ``cpu fp32``: within the f32 bound, final 
 ``cpu bf16``: the package's own bf16 run (its loop, the same tokens) drifts from its fp32 run by ``e_pkg``;
 ssmk's bf16 run must stay within ``BF16_VS_PKG x e_pkg`` of the fp32 run (ssmk keeps the
 recurrence in f32; the package rounds ``kk*a``, ``v k^T`` and the state it reads out to bf16).
-Every routed run asserts that each time-mix call went to ssmk (none fell back).
+Every routed run asserts that each time-mix call went to ssmk (none fell back); ``cpu fp16`` (not
+routed) must fall back, counted, to the package's own functions with its exact logits.
 """
 
 import os
@@ -160,6 +161,15 @@ class RwkvHook(unittest.TestCase):
         e_ssmk = (logits - self.ref).abs().max().item()
         self.assertGreater(e_pkg, 0.0)
         self.assertLessEqual(e_ssmk, BF16_VS_PKG * e_pkg, f"package bf16 drift {e_pkg:.3g}")
+
+    def test_fp16_falls_back_to_the_package_and_is_counted(self):
+        pkg, _ = run(rwkv.model.RWKV(model=MODEL, strategy="cpu fp16"), self.tokens)
+        ssmk.rwkv.reset_call_counts()
+        with ssmk.rwkv.enabled():
+            logits, _ = run(rwkv.model.RWKV(model=MODEL, strategy="cpu fp16"), self.tokens)
+        self.assertEqual(ssmk.rwkv.call_counts(), {("RWKV_x070_TMix_seq", "fallback"): N_LAYER,
+                                                   ("RWKV_x070_TMix_one", "fallback"): N_LAYER * GENERATED})
+        self.assertTrue(torch.equal(logits, pkg))
 
     def test_disable_restores_the_package(self):
         model_before = rwkv.model.RWKV_x070_TMix_seq

@@ -2,7 +2,7 @@
 
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
-use super::sequences::{CheckpointTables, attach_checkpoints, parse_sequences};
+use super::sequences::SequenceViews;
 use super::views::{FLOATS, expect_outputs_disjoint, expect_shape, strided};
 use crate::dtype::DType;
 use crate::ensure;
@@ -135,13 +135,16 @@ pub unsafe extern "C" fn ssmk_dplr_delta_rule(
         let b = unsafe { View::required("b", b) }?;
         let out = unsafe { View::required("out", out) }?;
         let state = unsafe { View::optional("state", state) }?;
-        let cu_seqlens = unsafe { View::optional("cu_seqlens", cu_seqlens) }?;
-        let state_indices = unsafe { View::optional("state_indices", state_indices) }?;
-        let has_initial_state = unsafe { View::optional("has_initial_state", has_initial_state) }?;
-        let num_accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
-        let checkpoint_offsets =
-            unsafe { View::optional("checkpoint_offsets", checkpoint_offsets) }?;
-        let checkpoint_slots = unsafe { View::optional("checkpoint_slots", checkpoint_slots) }?;
+        let tables = unsafe {
+            SequenceViews::read(
+                cu_seqlens,
+                state_indices,
+                has_initial_state,
+                num_accepted_tokens,
+                checkpoint_offsets,
+                checkpoint_slots,
+            )
+        }?;
 
         r.expect_ndim(3)?;
         r.expect_dtype(&FLOATS)?;
@@ -202,42 +205,12 @@ pub unsafe extern "C" fn ssmk_dplr_delta_rule(
             InvalidArgument,
             "scale = {scale}, expected a finite value (<= 0 selects 1)"
         );
-        let inputs = [
-            Some(&r),
-            Some(&w),
-            Some(&k),
-            Some(&v),
-            Some(&a),
-            Some(&b),
-            cu_seqlens.as_ref(),
-            state_indices.as_ref(),
-            has_initial_state.as_ref(),
-            num_accepted.as_ref(),
-            checkpoint_offsets.as_ref(),
-            checkpoint_slots.as_ref(),
-        ];
+        let inputs = [Some(&r), Some(&w), Some(&k), Some(&v), Some(&a), Some(&b)];
+        let inputs = [&inputs[..], &tables.inputs()].concat();
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
 
         let num_slots = state.as_ref().map(|s| s.shape[0]);
-        let mut sequences = parse_sequences(
-            tokens,
-            cu_seqlens.as_ref(),
-            state_indices.as_ref(),
-            has_initial_state.as_ref(),
-            num_accepted.as_ref(),
-            pad_slot_id,
-            num_slots,
-        )?;
-        attach_checkpoints(
-            &mut sequences,
-            CheckpointTables {
-                offsets: checkpoint_offsets.as_ref(),
-                slots: checkpoint_slots.as_ref(),
-            },
-            pad_slot_id,
-            num_slots,
-            num_accepted.is_some(),
-        )?;
+        let sequences = tables.parse(tokens, pad_slot_id, num_slots)?;
 
         let args = DplrRule {
             tokens,

@@ -2,7 +2,7 @@
 
 use super::context::{resolve, ssmk_context};
 use super::guard::guard;
-use super::sequences::{CheckpointTables, attach_checkpoints, parse_sequences};
+use super::sequences::SequenceViews;
 use super::views::{FLOATS, expect_outputs_disjoint, expect_shape, strided};
 use crate::dtype::DType;
 use crate::ensure;
@@ -186,13 +186,16 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
         let dt_bias = unsafe { View::optional("dt_bias", dt_bias) }?;
         let state = unsafe { View::optional("state", state) }?;
         let out = unsafe { View::required("out", out) }?;
-        let cu_seqlens = unsafe { View::optional("cu_seqlens", cu_seqlens) }?;
-        let state_indices = unsafe { View::optional("state_indices", state_indices) }?;
-        let has_initial_state = unsafe { View::optional("has_initial_state", has_initial_state) }?;
-        let num_accepted = unsafe { View::optional("num_accepted_tokens", num_accepted_tokens) }?;
-        let checkpoint_offsets =
-            unsafe { View::optional("checkpoint_offsets", checkpoint_offsets) }?;
-        let checkpoint_slots = unsafe { View::optional("checkpoint_slots", checkpoint_slots) }?;
+        let tables = unsafe {
+            SequenceViews::read(
+                cu_seqlens,
+                state_indices,
+                has_initial_state,
+                num_accepted_tokens,
+                checkpoint_offsets,
+                checkpoint_slots,
+            )
+        }?;
 
         x.expect_ndim(3)?;
         x.expect_dtype(&FLOATS)?;
@@ -278,33 +281,10 @@ pub unsafe extern "C" fn ssmk_mamba2_scan(
             Some(&a_view),
             d.as_ref(),
             dt_bias.as_ref(),
-            cu_seqlens.as_ref(),
-            state_indices.as_ref(),
-            has_initial_state.as_ref(),
-            num_accepted.as_ref(),
-            checkpoint_offsets.as_ref(),
-            checkpoint_slots.as_ref(),
         ];
+        let inputs = [&inputs[..], &tables.inputs()].concat();
         expect_outputs_disjoint(&out, state.as_ref(), &inputs)?;
-        let mut sequences = parse_sequences(
-            tokens,
-            cu_seqlens.as_ref(),
-            state_indices.as_ref(),
-            has_initial_state.as_ref(),
-            num_accepted.as_ref(),
-            pad_slot_id,
-            state.as_ref().map(|s| s.shape[0]),
-        )?;
-        attach_checkpoints(
-            &mut sequences,
-            CheckpointTables {
-                offsets: checkpoint_offsets.as_ref(),
-                slots: checkpoint_slots.as_ref(),
-            },
-            pad_slot_id,
-            state.as_ref().map(|s| s.shape[0]),
-            num_accepted.is_some(),
-        )?;
+        let sequences = tables.parse(tokens, pad_slot_id, state.as_ref().map(|s| s.shape[0]))?;
         debug_assert!(
             state.is_some()
                 || sequences

@@ -4,7 +4,7 @@
 
 use crate::error::Result;
 use crate::kernels::{Checkpoint, Sequence, StateWrite};
-use crate::tensor::View;
+use crate::tensor::{View, ssmk_tensor};
 use crate::{bail, ensure};
 
 /// A validated batch: sequence `b` owns tokens `starts[b]..starts[b+1]`, its state lives in
@@ -521,4 +521,80 @@ pub fn attach_checkpoints(
         seq.checkpoints = cps;
     }
     Ok(())
+}
+
+/// The sequence arguments of a recurrent export (the delta rule, the DPLR rule, the scan: ABI.md
+/// §4.4 and §4.10), read and parsed the one way all three state them.
+pub struct SequenceViews {
+    pub cu_seqlens: Option<View>,
+    pub state_indices: Option<View>,
+    pub has_initial_state: Option<View>,
+    pub num_accepted: Option<View>,
+    pub checkpoint_offsets: Option<View>,
+    pub checkpoint_slots: Option<View>,
+}
+
+impl SequenceViews {
+    /// # Safety
+    /// Each pointer is NULL or points to a valid descriptor.
+    pub unsafe fn read(
+        cu_seqlens: *const ssmk_tensor,
+        state_indices: *const ssmk_tensor,
+        has_initial_state: *const ssmk_tensor,
+        num_accepted_tokens: *const ssmk_tensor,
+        checkpoint_offsets: *const ssmk_tensor,
+        checkpoint_slots: *const ssmk_tensor,
+    ) -> Result<SequenceViews> {
+        unsafe {
+            Ok(SequenceViews {
+                cu_seqlens: View::optional("cu_seqlens", cu_seqlens)?,
+                state_indices: View::optional("state_indices", state_indices)?,
+                has_initial_state: View::optional("has_initial_state", has_initial_state)?,
+                num_accepted: View::optional("num_accepted_tokens", num_accepted_tokens)?,
+                checkpoint_offsets: View::optional("checkpoint_offsets", checkpoint_offsets)?,
+                checkpoint_slots: View::optional("checkpoint_slots", checkpoint_slots)?,
+            })
+        }
+    }
+
+    /// The tables, as inputs no output may overlap.
+    pub fn inputs(&self) -> [Option<&View>; 6] {
+        [
+            self.cu_seqlens.as_ref(),
+            self.state_indices.as_ref(),
+            self.has_initial_state.as_ref(),
+            self.num_accepted.as_ref(),
+            self.checkpoint_offsets.as_ref(),
+            self.checkpoint_slots.as_ref(),
+        ]
+    }
+
+    /// The call's sequences over `tokens`, checkpoints attached, for a pool of `num_slots` slots.
+    pub fn parse(
+        &self,
+        tokens: usize,
+        pad_slot_id: i64,
+        num_slots: Option<usize>,
+    ) -> Result<Vec<Sequence>> {
+        let mut sequences = parse_sequences(
+            tokens,
+            self.cu_seqlens.as_ref(),
+            self.state_indices.as_ref(),
+            self.has_initial_state.as_ref(),
+            self.num_accepted.as_ref(),
+            pad_slot_id,
+            num_slots,
+        )?;
+        attach_checkpoints(
+            &mut sequences,
+            CheckpointTables {
+                offsets: self.checkpoint_offsets.as_ref(),
+                slots: self.checkpoint_slots.as_ref(),
+            },
+            pad_slot_id,
+            num_slots,
+            self.num_accepted.is_some(),
+        )?;
+        Ok(sequences)
+    }
 }

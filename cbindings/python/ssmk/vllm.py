@@ -404,40 +404,182 @@ def _delta_rule_step(md, seam, device):
     return md.num_actual_tokens, n_prefills, qsl, idx, his
 
 
+def _gdn_recurrence(st, layer, conv_out, a, b, out, qsl, slots, his, n_prefills,
+                    accepted=None):
+    """Gates and delta rule of a GDN layer on its conv output, into ``out``, in place on the
+    layer's state pool; ``accepted`` (with ``[B, Smax]`` slots) is ssmk's speculative mode."""
+    import torch
+
+    n = conv_out.size(0)
+    tp = layer.tp_size
+    hk, hv = layer.num_k_heads // tp, layer.num_v_heads // tp
+    kd, vd = layer.head_k_dim, layer.head_v_dim
+    g = beta = None
+    if not n_prefills:
+        g = _scratch("gdn_g", n, (hv,), torch.float32, conv_out.device)
+        beta = _scratch("gdn_beta", n, (hv,), b.dtype, conv_out.device)
+    q = conv_out[:, : hk * kd].view(n, hk, kd)
+    k = conv_out[:, hk * kd: 2 * hk * kd].view(n, hk, kd)
+    v = conv_out[:, 2 * hk * kd:].view(n, hv, vd)
+    g, beta = st.gdn_gating(layer.A_log, a, b, layer.dt_bias, g=g, beta=beta,
+                            num_threads=_threads(n_prefills))
+    # vLLM's CPU kernels read the pool's [v_dim, k_dim] slot as [k_dim, v_dim]; ssmk reads it
+    # the same way, so a pool is interchangeable between the two paths (serve()).
+    pool = _static(layer, "_ssmk_pool", layer.kv_cache[1],
+                   lambda p: p.view(p.size(0), hv, kd, vd))
+    st.gated_delta_rule(q, k, v, g, beta, state=pool, cu_seqlens=qsl, state_indices=slots,
+                        has_initial_state=his, num_accepted_tokens=accepted, qk_l2norm=True,
+                        l2norm_eps=1e-6, out=out, num_threads=_threads(n_prefills))
+
+
+def _gdn_prefill_step(st, layer, x, a, b, out, qsl, slots, his, n_prefills):
+    """Conv (decodes as length-1 sequences) and recurrence of sequences that are not speculative:
+    the conv reads and writes rows ``0..W-2`` of a slot, also of a speculative-decode wide one."""
+    conv_out = None
+    if not n_prefills:
+        conv_out = _scratch("gdn_conv", x.size(0), x.shape[1:], x.dtype, x.device)
+    conv_out = st.causal_conv1d_fwd(x, _layer_conv_weight(layer.conv1d), layer.conv1d.bias,
+                                    _conv_states(layer), qsl, slots, his,
+                                    activation=layer.activation, out=conv_out,
+                                    num_threads=_threads(n_prefills))
+    _gdn_recurrence(st, layer, conv_out, a, b, out, qsl, slots, his, n_prefills)
+
+
 def _make_gdn_nonspec(st, original):
     def cpu_gdn_attention_nonspec_ssmk(layer, md, mixed_qkv, b, a, core_attn_out):
         """One layer step: conv (decodes as length-1 sequences), gates, delta rule; in place."""
         if not _serving:
             return original(layer, md, mixed_qkv, b, a, core_attn_out)
         n, n_prefills, qsl, idx, his = _delta_rule_step(md, "gdn", mixed_qkv.device)
-        x = mixed_qkv[:n]
-        tp = layer.tp_size
-        hk, hv = layer.num_k_heads // tp, layer.num_v_heads // tp
-        kd, vd = layer.head_k_dim, layer.head_v_dim
-        conv_out = g = beta = None
-        if not n_prefills:
-            import torch
-
-            device = x.device
-            conv_out = _scratch("gdn_conv", n, x.shape[1:], x.dtype, device)
-            g = _scratch("gdn_g", n, (hv,), torch.float32, device)
-            beta = _scratch("gdn_beta", n, (hv,), b.dtype, device)
-        conv_out = st.causal_conv1d_fwd(x, _layer_conv_weight(layer.conv1d), layer.conv1d.bias,
-                                        _conv_states(layer), qsl, idx, his,
-                                        activation=layer.activation, out=conv_out,
-                                        num_threads=_threads(n_prefills))
-        q = conv_out[:, : hk * kd].view(n, hk, kd)
-        k = conv_out[:, hk * kd: 2 * hk * kd].view(n, hk, kd)
-        v = conv_out[:, 2 * hk * kd:].view(n, hv, vd)
-        g, beta = st.gdn_gating(layer.A_log, a[:n], b[:n], layer.dt_bias, g=g, beta=beta,
-                                num_threads=_threads(n_prefills))
-        pool = _static(layer, "_ssmk_pool", layer.kv_cache[1],
-                       lambda p: p.view(p.size(0), hv, kd, vd))
-        st.gated_delta_rule(q, k, v, g, beta, state=pool, cu_seqlens=qsl, state_indices=idx,
-                            has_initial_state=his, qk_l2norm=True, l2norm_eps=1e-6,
-                            out=core_attn_out[:n], num_threads=_threads(n_prefills))
+        _gdn_prefill_step(st, layer, mixed_qkv[:n], a[:n], b[:n], core_attn_out[:n], qsl, idx,
+                          his, n_prefills)
 
     return cpu_gdn_attention_nonspec_ssmk
+
+
+def _spec_conv_update(st, x, conv_states, weight, bias, slots, accepted, qsl, uniform, activation):
+    """``causal_conv1d_update`` in speculative mode on sequences packed by ``qsl``; ``uniform``
+    is their common length or None. ssmk takes ``x [B, Q, D]``: one call, or one per distinct
+    length when a drafter proposed fewer tokens for some requests."""
+    import torch
+
+    def update(xs, sel):
+        res = torch.empty_like(xs)
+        st.causal_conv1d_update(xs, conv_states, weight, bias, slots[sel], accepted[sel],
+                                activation=_activation(activation), out=res,
+                                num_threads=_threads(0))
+        return res
+
+    nseq = slots.size(0)
+    if uniform:
+        every = slice(None)
+        return update(x.view(nseq, uniform, x.size(1)), every).view_as(x)
+    out = torch.empty_like(x)
+    starts, ends = qsl[:nseq].tolist(), qsl[1: nseq + 1].tolist()
+    lens = [e - s for s, e in zip(starts, ends)]
+    for q in sorted(set(lens) - {0}):
+        sel = [i for i, n in enumerate(lens) if n == q]
+        rows = torch.cat([torch.arange(starts[i], ends[i], device=x.device) for i in sel])
+        res = update(x.index_select(0, rows).view(len(sel), q, x.size(1)),
+                     torch.tensor(sel, device=x.device))
+        out.index_copy_(0, rows, res.view(-1, x.size(1)))
+    return out
+
+
+def _make_gdn_spec_aware(st, original):
+    def cpu_gdn_attention_spec_aware_ssmk(layer, md, mixed_qkv, b, a, core_attn_out, width,
+                                          state_len):
+        """A layer step of an engine with speculative decoding (a conv-state slot of
+        ``W - 1 + num_spec`` rows): the speculative sequences through ssmk's speculative mode
+        (the conv rolls the wide slot by ``num_accepted_tokens``; the delta rule starts from
+        slot ``[b, n-1]`` of ``[B, 1+num_spec]`` and leaves the state after token ``t`` in slot
+        ``[b, t]``), the others (prefills, and decodes of a step without drafts) as
+        :func:`_gdn_prefill_step`."""
+        if not _serving:
+            return original(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
+        if md.spec_sequence_masks is None:
+            n, n_prefills, qsl, idx, his = _delta_rule_step(md, "gdn", mixed_qkv.device)
+            _gdn_prefill_step(st, layer, mixed_qkv[:n], a[:n], b[:n], core_attn_out[:n], qsl,
+                              idx, his, n_prefills)
+            return
+        _calls["gdn"] += 1
+        nspec, n_prefills = md.num_spec_decodes, md.num_prefills
+        only_spec = n_prefills == 0 and md.num_decodes == 0
+        if only_spec:
+            rows = None
+            n = md.num_spec_decode_tokens
+            x, aa, bb = mixed_qkv[:n], a[:n], b[:n]
+        else:
+            rows = md.spec_token_indx
+            x, aa, bb = (t.index_select(0, rows) for t in (mixed_qkv, a, b))
+        qsl = md.spec_query_start_loc[: nspec + 1]
+        slots = md.spec_state_indices_tensor[:nspec]
+        accepted = md.num_accepted_tokens[:nspec]
+        conv_out = _spec_conv_update(st, x, _conv_states(layer),
+                                     _layer_conv_weight(layer.conv1d), layer.conv1d.bias,
+                                     slots[:, 0].contiguous(), accepted, qsl,
+                                     md.uniform_spec_sequence_length,
+                                     layer.activation)
+        out = core_attn_out[: x.size(0)] if rows is None else core_attn_out.new_empty(
+            (x.size(0), *core_attn_out.shape[1:]))
+        _gdn_recurrence(st, layer, conv_out, aa, bb, out, qsl, slots,
+                        _decode_only(nspec, x.device)[1], 0, accepted)
+        if rows is None:
+            return
+        core_attn_out.index_copy_(0, rows, out)
+        if n_prefills:
+            # The others (a step's decodes count among its prefills when drafts are in it).
+            rows = md.non_spec_token_indx
+            x, aa, bb = (t.index_select(0, rows) for t in (mixed_qkv, a, b))
+            his = md.prefill_has_initial_state
+            if his is None:
+                his = md.has_initial_state
+            out = core_attn_out.new_empty((x.size(0), *core_attn_out.shape[1:]))
+            _gdn_prefill_step(st, layer, x, aa, bb, out,
+                              md.prefill_query_start_loc[: n_prefills + 1],
+                              _flat_indices(md.prefill_state_indices)[:n_prefills],
+                              his[:n_prefills], n_prefills)
+            core_attn_out.index_copy_(0, rows, out)
+
+    return cpu_gdn_attention_spec_aware_ssmk
+
+
+def _make_gdn_core(original, gdn_attention):
+    """vLLM's ``cpu_gdn_attention_core`` op body (registered by the first GDN layer built, after
+    the plugin loads) without its ``mixed_qkv.dtype == bfloat16`` assertion, which stops float32
+    and float16 models before the layer step: ssmk serves them. A bf16 step, or one with
+    :func:`serve` off, runs vLLM's own body; the others take the same metadata checks and
+    dispatch, to the (patched) layer steps."""
+    import typing
+
+    def cpu_gdn_attention_core_ssmk(mixed_qkv, b, a, core_attn_out, layer_name):
+        import torch
+
+        if not _serving or mixed_qkv.dtype == torch.bfloat16:
+            return original(mixed_qkv, b, a, core_attn_out, layer_name)
+        from vllm.forward_context import get_forward_context
+        from vllm.utils.torch_utils import _resolve_layer_name
+
+        context = get_forward_context()
+        layer = context.no_compile_layers[_resolve_layer_name(layer_name)]
+        md = context.attn_metadata
+        if md is None:
+            return
+        md = md[layer.prefix]
+        if md.num_actual_tokens == 0:
+            return
+        width = layer.conv1d.weight.size(-1)
+        conv = layer.kv_cache[0]
+        state_len = conv.size(-1) if _conv_dim_first() else conv.size(-2)
+        if state_len > width - 1:
+            gdn_attention._cpu_gdn_attention_spec_aware(layer, md, mixed_qkv, b, a,
+                                                        core_attn_out, width, state_len)
+        else:
+            gdn_attention._cpu_gdn_attention_nonspec(layer, md, mixed_qkv, b, a, core_attn_out)
+
+    # torch.library infers the op's schema from these (vLLM's are strings of its module).
+    cpu_gdn_attention_core_ssmk.__annotations__ = typing.get_type_hints(original)
+    return cpu_gdn_attention_core_ssmk
 
 
 def _register_kda(st):
@@ -557,52 +699,88 @@ def _register_mamba_mixer2(st, null_block_id):
         CPU scan returns final states, hence its ``IndexError``). Here ssmk reads and writes the
         slots in place and writes those checkpoints (conv and SSM state after
         ``checkpoint_meta.checkpoint_offsets`` tokens, ABI.md §4.10) straight into their blocks.
-        Speculative decode and ReplaySSM go to vLLM's step (:func:`fallbacks`)."""
+        Speculative decodes run through ssmk's speculative mode; ReplaySSM goes to vLLM's step
+        (:func:`fallbacks`)."""
 
         def conv_ssm_forward(self, projected_states, output):
             md = get_forward_context().attn_metadata
             md = md.get(self.prefix) if md is not None else None
             if md is None or not _serving:  # profile run, or serve(False)
                 return super().conv_ssm_forward(projected_states, output)
-            if (self.use_replayssm or self.num_spec > 0 or md.num_accepted_tokens is not None
-                    or md.num_decode_tokens != md.num_decodes):
+            speculative = self.num_spec > 0 and md.num_decodes > 0
+            if (self.use_replayssm or (md.num_accepted_tokens is not None and not speculative)
+                    or (md.num_decode_tokens != md.num_decodes and not speculative)):
                 _fallbacks["mamba2"] += 1
                 return super().conv_ssm_forward(projected_states, output)
-            conv_states = _conv_states(self)
-            nd, n_prefills = md.num_decodes, md.num_prefills
-            n = nd + md.num_prefill_tokens
-            xbc = projected_states[:n, self.tped_intermediate_size:
-                                   self.tped_intermediate_size + self.tped_conv_size]
-            if xbc.dtype != conv_states.dtype:
+            inner = self.tped_intermediate_size
+            if projected_states.dtype != self.kv_cache[0].dtype:
                 _fallbacks["mamba2"] += 1
                 return super().conv_ssm_forward(projected_states, output)
             _calls["mamba2"] += 1
+            nd, n_prefills = md.num_decodes, md.num_prefills
+            ndt = md.num_decode_tokens
+            n = ndt + md.num_prefill_tokens
+            xbc = projected_states[:n, inner: inner + self.tped_conv_size]
+            dt = projected_states[:n, inner + self.tped_conv_size:
+                                  inner + self.tped_conv_size + self.tped_dt_size]
             cache = _step_cache(md)
-            qsl, idx, his = _decode_then_prefill(
-                md, cache, nd, n_prefills, md.query_start_loc_p,
-                _flat_indices(md.state_indices_tensor_d), md.state_indices_tensor_p,
-                md.has_initial_states_p, projected_states.device)
-            offsets, slots = _checkpoint_table(md, cache, nd, n_prefills, null_block_id)
-            conv_out = None if n_prefills else _scratch("mamba2_conv", n, xbc.shape[1:],
-                                                        xbc.dtype, xbc.device)
-            conv_out = st.causal_conv1d_fwd(
-                xbc, _layer_conv_weight(self.conv1d), self.conv1d.bias, conv_states, qsl, idx, his,
-                activation=self.activation, pad_slot_id=null_block_id, out=conv_out,
-                checkpoint_offsets=offsets, checkpoint_slots=slots,
-                num_threads=_threads(n_prefills))
+            if not speculative:
+                qsl, idx, his = _decode_then_prefill(
+                    md, cache, nd, n_prefills, md.query_start_loc_p,
+                    _flat_indices(md.state_indices_tensor_d), md.state_indices_tensor_p,
+                    md.has_initial_states_p, projected_states.device)
+                offsets, slots = _checkpoint_table(md, cache, nd, n_prefills, null_block_id)
+                self._ssmk_step(xbc, dt, output[:n], qsl, idx, his, n_prefills, offsets, slots)
+                return
+            # Speculative decodes ([nd, 1 + num_spec] slots, num_accepted_tokens), then the
+            # prefills as a call of their own.
+            qsl_d, slots_d, accepted = (md.query_start_loc_d, md.state_indices_tensor_d,
+                                        md.num_accepted_tokens)
+            self._ssmk_step(xbc[:ndt], dt[:ndt], output[:ndt], qsl_d, slots_d,
+                            _decode_only(nd, xbc.device)[1], 0, None, None, accepted)
+            if n_prefills:
+                qsl, idx, his = _decode_then_prefill(
+                    md, cache, 0, n_prefills, md.query_start_loc_p, None,
+                    md.state_indices_tensor_p, md.has_initial_states_p, projected_states.device)
+                offsets, slots = _checkpoint_table(md, cache, 0, n_prefills, null_block_id)
+                self._ssmk_step(xbc[ndt:], dt[ndt:], output[ndt:n], qsl, idx, his, n_prefills,
+                                offsets, slots)
+
+        def _ssmk_step(self, xbc, dt, output, qsl, slots, his, n_prefills, offsets, ckpt_slots,
+                       accepted=None):
+            """Conv and scan of the sequences ``qsl`` packs, in place on the layer's pools:
+            prefills and decodes (``_decode_then_prefill``), or speculative decodes
+            (``accepted``: the conv rolls its slot, the scan reads slot ``[b, n-1]`` and writes
+            the state after token ``t`` to slot ``[b, t]``)."""
+            conv_states = _conv_states(self)
+            weight = _layer_conv_weight(self.conv1d)
+            n = xbc.size(0)
+            if accepted is not None:
+                # No sequence is longer than 1 + num_spec: at that total they all have it.
+                full = 1 + self.num_spec
+                conv_out = _spec_conv_update(st, xbc, conv_states, weight, self.conv1d.bias,
+                                             slots[:, 0].contiguous(), accepted, qsl,
+                                             full if n == slots.size(0) * full else None,
+                                             self.activation)
+            else:
+                conv_out = None if n_prefills else _scratch("mamba2_conv", n, xbc.shape[1:],
+                                                            xbc.dtype, xbc.device)
+                conv_out = st.causal_conv1d_fwd(
+                    xbc, weight, self.conv1d.bias, conv_states, qsl, slots, his,
+                    activation=self.activation, pad_slot_id=null_block_id, out=conv_out,
+                    checkpoint_offsets=offsets, checkpoint_slots=ckpt_slots,
+                    num_threads=_threads(n_prefills))
             nh, p = self.num_heads // self.tp_size, self.head_dim
             g, ns = self.n_groups // self.tp_size, self.ssm_state_size
             inner = self.tped_intermediate_size
-            dt = projected_states[:n, inner + self.tped_conv_size:
-                                  inner + self.tped_conv_size + self.tped_dt_size]
             st.mamba2_scan(conv_out[:, :inner].view(n, nh, p), dt, _f32(self.A, 1),
                            conv_out[:, inner: inner + g * ns].view(n, g, ns),
                            conv_out[:, inner + g * ns:].view(n, g, ns), _f32(self.D, 1), None,
                            _f32(self.dt_bias, 1), dt_softplus=True, state=self.kv_cache[1],
-                           cu_seqlens=qsl, state_indices=idx, has_initial_state=his,
-                           pad_slot_id=null_block_id, out=output[:n].view(n, nh, p),
-                           checkpoint_offsets=offsets, checkpoint_slots=slots,
-                           num_threads=_threads(n_prefills))
+                           cu_seqlens=qsl, state_indices=slots, has_initial_state=his,
+                           num_accepted_tokens=accepted, pad_slot_id=null_block_id,
+                           out=output.view(n, nh, p), checkpoint_offsets=offsets,
+                           checkpoint_slots=ckpt_slots, num_threads=_threads(n_prefills))
 
     return SsmkMambaMixer2
 
@@ -867,6 +1045,13 @@ def _install():
 
     gdn_attention._cpu_gdn_attention_nonspec = _make_gdn_nonspec(
         st, gdn_attention._cpu_gdn_attention_nonspec)
+    gdn_attention._cpu_gdn_attention_spec_aware = _make_gdn_spec_aware(
+        st, gdn_attention._cpu_gdn_attention_spec_aware)
+    if gdn_attention._CPU_GDN_ATTENTION_OPS_REGISTERED:
+        _logger().warning("ssmk.vllm: vLLM's GDN op was registered before the plugin loaded: "
+                          "float32/float16 GDN layers keep its bf16-only check")
+    gdn_attention.cpu_gdn_attention_core = _make_gdn_core(gdn_attention.cpu_gdn_attention_core,
+                                                          gdn_attention)
     _patched.append("gdn")
 
     _register_short_conv(st)

@@ -10,6 +10,9 @@ process, each engine serving several scenarios:
   longest prompt extended;
 * ``chunked``: the same with ``max_num_batched_tokens`` below the shortest prompt, so that every
   prefill is cut;
+* ``spec`` (Qwen3.5 in float32 and Nemotron-H): the ``full`` batch, and prompts that repeat a
+  pattern, with speculative decoding by vLLM's ``ngram`` drafter (2 draft tokens, accepted and
+  rejected ones), which must give the tokens of ``full`` and its logprobs within rounding;
 * in the engine that runs with prefix caching (``PREFIX_CACHING``: the chunked one, or for
   Nemotron-H the full one, whose prefills need state checkpoints inside them) the extended
   prompt again (a cache hit) and a prompt extending it (a hit on its prefix); the other engine's
@@ -66,7 +69,11 @@ VLLM_WRONG = {"lfm2"}
 # Nemotron-H with prefix caching: vLLM's CPU scan returns final states only where the "align"
 # checkpoint wants the state at a chunk end (issue 31: mamba_mixer2.py:880), so Nemotron-H is
 # also run without the plugin and without prefix caching (chunked-noplugin) for the comparison.
-NOPLUGIN_REFUSES = {("qwen3_5", "full-noplugin"): ("Unexpected head dim size, 32",),
+# Speculative decoding: the engines (and their families) that run it, the drafter's settings.
+SPEC = {"qwen3_5", "nemotron_h"}
+SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
+               "prompt_lookup_min": 2}
+NOPLUGIN_REFUSES = {("qwen3_5", "full-noplugin"): ("CPU GDN attention requires BF16.",),
                     ("nemotron_h", "full-noplugin"): (
                         'mamba_mixer2.py", line 880, in conv_ssm_forward',
                         "IndexError: index ", "is out of bounds for dimension 0"),
@@ -112,7 +119,10 @@ def prompts():
     extension = batch[-1] + [rng.randrange(3, 256) for _ in range(EXTENSION)]
     long = [rng.randrange(3, 256) for _ in range(LONG)]
     share = long[:SHARED] + [rng.randrange(3, 256) for _ in range(LONG - SHARED)]
-    return batch, extension, long, share
+    # A pattern repeated: the ngram drafter proposes its continuation from the first copy.
+    repeats = [pattern * 3 for pattern in ([rng.randrange(3, 256) for _ in range(n)]
+                                           for n in (7, 12))]
+    return batch, extension, long, share, repeats
 
 
 # ------------------------------------------------------------------------------ engine process
@@ -134,16 +144,17 @@ def run_engine(args):
     prefix = PREFIX_CACHING[args.family] == mode
     probe = install_probe()
     t0 = time.time()
+    spec = {"speculative_config": SPEC_CONFIG} if mode == "spec" else {}
     llm = LLM(path, dtype=str(dtype).split(".")[1], enforce_eager=True, max_model_len=512,
               max_num_seqs=8, seed=0, block_size=BLOCK, enable_prefix_caching=prefix,
               enable_chunked_prefill=True,
-              max_num_batched_tokens=CHUNK if chunked else 1024)
+              max_num_batched_tokens=CHUNK if chunked else 1024, **spec)
     started = time.time() - t0
     sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0, prompt_logprobs=0,
                         ignore_eos=True)
     # vLLM serves no cache hit to a request that wants prompt logprobs.
     sp_hit = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0, ignore_eos=True)
-    batch, extension, long, share = prompts()
+    batch, extension, long, share, repeats = prompts()
     runs = {}
 
     def gen(name, toks, params=sp, into=runs):
@@ -163,6 +174,11 @@ def run_engine(args):
 
     t1 = time.time()
     gen("batch", batch)
+    if args.family in SPEC and mode in ("full", "spec"):
+        gen("rep", repeats)
+    if mode == "spec":
+        _write_result(args, llm, probe, runs, {}, dtype, started, t1)
+        return
     gen("cold", [extension], sp_hit)  # with prefix caching: stores the extension's blocks ...
     if prefix:
         gen("hit", [extension], sp_hit)  # ... which this repeat reads
@@ -183,12 +199,29 @@ def run_engine(args):
         sv.serve(was)
         served_off["ssmk_calls"] = {k: v - before.get(k, 0) for k, v in sv.calls().items()
                                     if v != before.get(k, 0)}
+    _write_result(args, llm, probe, runs, served_off, dtype, started, t1)
+
+
+def _write_result(args, llm, probe, runs, served_off, dtype, started, t1):
+    import ssmk.vllm as sv
+
     elapsed = time.time() - t1
     result = {"runs": runs, "patched": sv.patched(), "calls": sv.calls(), "probe": probe,
               "fallbacks": sv.fallbacks(), "dtype": str(dtype).split(".")[1],
-              "engine_s": started, "generate_s": elapsed, "served_off": served_off}
+              "engine_s": started, "generate_s": elapsed, "served_off": served_off,
+              "spec_metrics": _spec_metrics(llm)}
     with open(args.out, "w") as f:
         json.dump(result, f)
+
+
+def _spec_metrics(llm):
+    """vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens), or {}."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # noqa: BLE001 - the counters are a report, not a check
+        return {}
+    return {m.name: m.value for m in metrics
+            if m.name.startswith("vllm:spec_decode") and hasattr(m, "value")}
 
 
 def install_probe():
@@ -209,8 +242,10 @@ def install_probe():
         def wrapped(*a, _fn=fn, _name=name, _sig=sig, **kw):
             bound = _sig.bind(*a, **kw).arguments
             rec = probe.setdefault(_name, {"calls": 0, "max_tokens": 0, "continued_prefill": 0,
-                                           "checkpoints": 0})
+                                           "checkpoints": 0, "speculative": 0})
             rec["calls"] += 1
+            if bound.get("num_accepted_tokens") is not None:
+                rec["speculative"] += 1
             rec["max_tokens"] = max(rec["max_tokens"], int(a[0].shape[0]))
             his = bound.get("has_initial_state")
             qsl = bound.get("query_start_loc", bound.get("cu_seqlens"))
@@ -327,6 +362,8 @@ def check_family(family, results, models, chk):
             chk.close(f"{family}/{mode}/serve(False)/{name} vs vLLM without ssmk",
                       seq_logprobs(run), seq_logprobs(b), TOL_SELF[dtype])
 
+    if family in SPEC:
+        check_spec(family, full, results.get("spec"), chk)
     names = sorted(full["runs"])
     ref = dict(zip(names, hf_logprobs(path, [full["runs"][n]["prompt"] + full["runs"][n]["tokens"]
                                              for n in names])))
@@ -386,6 +423,27 @@ def check_family(family, results, models, chk):
         chk.true(f"{family}/full/hit0: same tokens as a cold run", hit["tokens"] == cold["tokens"])
         chk.close(f"{family}/full/hit0 vs chunked/cold0 (a cache hit vs a cold run)",
                   hit["logprobs"], cold["logprobs"], TOL_SELF[dtype])
+
+
+def check_spec(family, full, spec, chk):
+    """The speculative engine: every seam on ssmk (its speculative mode ran), the tokens of the
+    engine without drafts and its logprobs within the rounding of a different batching."""
+    chk.true(f"{family}/spec: engine run", spec is not None)
+    if spec is None:
+        return
+    kernel = MAIN_KERNEL[family]
+    chk.true(f"{family}/spec: no fallbacks to vLLM's own kernels", not spec["fallbacks"],
+             str(spec["fallbacks"]))
+    probe = spec["probe"].get(kernel, {})
+    chk.true(f"{family}/spec: ssmk's speculative mode ran", probe.get("speculative", 0) > 0,
+             f"ssmk {kernel}: {probe}; vLLM {spec['spec_metrics']}")
+    dtype = full["dtype"]
+    for name, run in sorted(spec["runs"].items()):
+        twin = full["runs"][name]
+        chk.true(f"{family}/spec/{name}: same tokens as without drafts",
+                 run["tokens"] == twin["tokens"], f"{run['tokens']} vs {twin['tokens']}")
+        chk.close(f"{family}/spec/{name} vs full", seq_logprobs(run), seq_logprobs(twin),
+                  TOL_SELF[dtype])
 
 
 REGISTRATION = r"""
@@ -466,7 +524,8 @@ def main():
     chk.lines = []
     for family in args.families.split(","):
         results = {}
-        modes = ["full", "chunked"] + NOPLUGIN_MODES.get(family, ["full-noplugin"])
+        modes = (["full", "chunked"] + NOPLUGIN_MODES.get(family, ["full-noplugin"])
+                 + (["spec"] if family in SPEC else []))
         for mode in modes:
             out = os.path.join(args.work, f"{family}-{mode}.json")
             log = os.path.join(args.work, f"{family}-{mode}.log")

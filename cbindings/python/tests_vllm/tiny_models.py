@@ -118,7 +118,8 @@ def jamba_config(hidden=64, layers=4, state=16, expand=2, **kw):
 
 
 CONFIGS = {
-    "qwen3_5": (qwen3_5_config, torch.bfloat16),
+    # float32: vLLM's own GDN op asserts bf16, the plugin serves f32 (Qwen3-Next keeps bf16).
+    "qwen3_5": (qwen3_5_config, torch.float32),
     "qwen3_next": (qwen3_next_config, torch.bfloat16),
     "lfm2": (lfm2_config, torch.float32),
     "nemotron_h": (nemotron_h_config, torch.float32),

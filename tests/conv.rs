@@ -447,7 +447,10 @@ fn every_isa_fwd_wide_channels_and_tails() {
     let mut s = Spec::new(&[63, 64, 65], wide, 4, DType::BF16);
     s.sdt = DType::F32;
     check_fwd_all_isas(&s.build(), &format!("D {wide}"));
-    for (i, (d, w)) in [(37usize, 3usize), (259, 4), (5, 2), (300, 8)].into_iter().enumerate() {
+    for (i, (d, w)) in [(37usize, 3usize), (259, 4), (5, 2), (300, 8)]
+        .into_iter()
+        .enumerate()
+    {
         for (j, act) in DTYPES.into_iter().enumerate() {
             if !common::sampled((i + j) as u64, DTYPES.len() as u64) {
                 continue;
@@ -842,8 +845,9 @@ fn expect_update(u: &Update) -> (Vec<Option<f64>>, Tensor) {
                     }
                 }
                 Some(n) => {
+                    // Rows 0..W-2+Q: W-2 rows from row n on, then the Q inputs; the rest kept.
                     let old: Vec<f64> = (0..l).map(|r| u.states.get(&[slot, r, c])).collect();
-                    let new: Vec<f64> = old[n..n + l - q]
+                    let new: Vec<f64> = old[n..n + w - 2]
                         .iter()
                         .copied()
                         .chain((0..q).map(|i| u.x_at(b, i, c)))
@@ -902,14 +906,21 @@ fn every_isa_update_matches_f64_reference() {
     }
 }
 
+/// Speculative verifies (`num_accepted_tokens`): every accepted count the window allows, also
+/// above this step's Q (the previous step verified more tokens than this one: `rows` is sized for
+/// the widest step, `W-2+16`), on pools with a spare row or none; then a sequence of steps of
+/// different Q with their accepted counts equals the plain conv over the accepted tokens; counts
+/// outside `[1, L-W+2]` are rejected with nothing written.
 #[test]
 fn every_isa_speculative_rolling_buffer() {
-    let cases: [(usize, usize, &[i64]); 5] = [
+    let cases: [(usize, usize, &[i64]); 7] = [
         (1, 1, &[1]),
         (4, 4, &[1, 2, 3, 4]),
         (4, 4, &[4, 3, 2, 1]),
         (4, 16, &[1, 5, 10, 16]),
         (4, 16, &[16, 10, 5, 1]),
+        (4, 1, &[16, 1, 3, 9]),
+        (3, 5, &[2, 16, 6]),
     ];
     let mut seed = 100;
     for (b, q, accepted) in cases {
@@ -927,7 +938,7 @@ fn every_isa_speculative_rolling_buffer() {
                     } else {
                         Pool::Compact
                     };
-                    s.rows = 4 - 2 + q + (seed % 2) as usize;
+                    s.rows = 4 - 2 + 16 + (seed % 2) as usize;
                     let slots: Vec<i64> = (0..b as i64)
                         .map(|i| if reversed { b as i64 + 2 - i } else { i })
                         .collect();
@@ -943,9 +954,11 @@ fn every_isa_speculative_rolling_buffer() {
                 }
             }
         }
-        // n = 0 and n = Q + 1 are rejected with nothing written.
-        for bad in [0i64, q as i64 + 1] {
-            let mut u = UpdateSpec::new(b, q, 72, 4, DType::BF16).build();
+        // n = 0 and n = L-W+3 are rejected with nothing written.
+        for bad in [0i64, 16 + 1] {
+            let mut s = UpdateSpec::new(b, q, 72, 4, DType::BF16);
+            s.rows = 4 - 2 + 16;
+            let mut u = s.build();
             let mut n = accepted.to_vec();
             n[b - 1] = bad;
             u.accepted = Some(Tensor::ints(DType::I32, &n));
@@ -954,9 +967,92 @@ fn every_isa_speculative_rolling_buffer() {
             assert_error(
                 code,
                 SSMK_ERR_INVALID_ARGUMENT,
-                &[&format!("num_accepted_tokens[{}] = {bad}", b - 1), "Q"],
+                &[
+                    &format!("num_accepted_tokens[{}] = {bad}", b - 1),
+                    "L-W+2 = 16",
+                ],
             );
             assert!(u.out.bytes() == o && u.states.bytes() == s);
+        }
+    }
+}
+
+/// A decode with drafts, step after step: each step verifies `Q` tokens (1 to 4, changing from
+/// step to step: drafters propose fewer tokens at times), of which the first `a` are the true
+/// stream and the rest rejected drafts, and the next step passes `n = a`. On every ISA, every
+/// accepted token's output equals the plain causal conv over the true stream (f64), so the
+/// window lines up whatever `Q` the steps had, and the next step's window rows `a-1 .. a+W-3`
+/// hold the last `W-1` true inputs.
+#[test]
+fn every_isa_speculative_steps_of_changing_length_follow_the_stream() {
+    let (d, w, max_q) = (20usize, 4usize, 4usize);
+    let rows = w - 2 + max_q;
+    let mut rng = Rng::new(77);
+    let mut weight = Tensor::zeros(DType::F32, &[d, w]);
+    weight.fill_random(78, 0.8);
+    let stream_len = 48;
+    let truth: Vec<Vec<f64>> = (0..w - 1 + stream_len)
+        .map(|_| {
+            (0..d)
+                .map(|_| (rng.uniform() * 2.0 - 1.0) as f32 as f64)
+                .collect()
+        })
+        .collect();
+    // The plain conv over the stream; truth[0..W-1] is the initial history.
+    let plain =
+        |t: usize, c: usize| -> f64 { (0..w).map(|k| weight.get(&[c, k]) * truth[t + k][c]).sum() };
+    for isa in Isa::under_test() {
+        let mut states = Tensor::zeros(DType::F32, &[2, rows, d]);
+        states.fill_random(79, 5.0); // rows never written must not matter
+        for (j, row) in truth.iter().take(w - 1).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                states.set(&[1, j, c], v);
+            }
+        }
+        let (mut pos, mut accepted) = (0usize, 1i64);
+        let mut step = 0;
+        while pos < stream_len {
+            step += 1;
+            let q = (1 + rng.below(max_q)).min(stream_len - pos);
+            let a = 1 + rng.below(q);
+            let mut x = Tensor::zeros(DType::F32, &[1, q, d]);
+            for i in 0..q {
+                let row = &truth[w - 1 + pos + i.min(a - 1)];
+                for (c, &v) in row.iter().enumerate() {
+                    let v = if i < a { v } else { 9.0 * rng.uniform() };
+                    x.set(&[0, i, c], v);
+                }
+            }
+            let mut u = Update {
+                x,
+                states: Tensor::clone(&states),
+                weight: Tensor::clone(&weight),
+                bias: None,
+                idx: Some(Tensor::ints(DType::I32, &[1])),
+                accepted: Some(Tensor::ints(DType::I32, &[accepted])),
+                act: SSMK_ACTIVATION_NONE,
+                pad: -1,
+                out: Tensor::zeros(DType::F32, &[1, q, d]),
+            };
+            u.run(&Ctx::new(1), Some(isa));
+            for i in 0..a {
+                for c in 0..d {
+                    let (got, want) = (u.out.get(&[0, i, c]), plain(pos + i, c));
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{isa:?} step {step} (Q {q}, n {accepted}) token {i} channel {c}: {got} vs {want}"
+                    );
+                }
+            }
+            // The next step's window, rows n-1 .. n+W-3 with n = a: the last W-1 true inputs.
+            for (j, row) in truth[pos + a..pos + a + w - 1].iter().enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    let got = u.states.get(&[1, a - 1 + j, c]);
+                    assert_eq!(got, v, "{isa:?} step {step} row {j}");
+                }
+            }
+            states = u.states;
+            (pos, accepted) = (pos + a, a as i64);
         }
     }
 }
@@ -1306,7 +1402,7 @@ fn update_rejects_bad_inputs() {
     );
     expect_update_rejected(
         SSMK_ERR_INVALID_ARGUMENT,
-        &["num_accepted_tokens[2] = 3", "Q = 2"],
+        &["num_accepted_tokens[2] = 3", "L-W+2 = 2"],
         |p, d| {
             p.accepted = Some(Tensor::ints(I32, &[1, 1, 3]));
             d.n = desc(&p.accepted);

@@ -351,34 +351,60 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
         cmd.arg(&wheel);
         run(cmd, "pip install the wheel (torch venv)");
     });
+    // The test directories, each in a process of its own, as many at a time as there are cores
+    // (each is mostly single-threaded Python on tiny models): the torch ops, RWKV-7, then the
+    // end-to-end tests on the venv's transformers and on each further release.
+    let mut runs: Vec<Box<dyn FnOnce() + Send + '_>> = Vec::new();
     for dir in TORCH_TEST_DIRS {
-        step(&format!("run {dir}"), || {
-            run_tests(&torch_py, dir, None, &scratch)
-        });
+        let (torch_py, scratch) = (&torch_py, &scratch);
+        runs.push(Box::new(move || {
+            step(&format!("run {dir}"), || {
+                run_tests(torch_py, dir, None, scratch)
+            })
+        }));
     }
-    step(
-        &format!("run {E2E_TEST_DIR} (the torch venv's transformers)"),
-        || run_tests(&torch_py, E2E_TEST_DIR, None, &scratch),
-    );
-    for (version, requirement) in extra_transformers() {
-        let dir = transformers_dir(&torch_venv, &version, &requirement);
-        let mut cmd = python_cmd(
-            &torch_py,
-            &["-c", "import transformers; print(transformers.__version__)"],
-        );
-        cmd.env("PYTHONPATH", &dir).current_dir(&scratch);
-        let found = run(cmd, "the transformers release in use");
-        assert_eq!(
-            found.trim(),
-            version,
-            "{} does not shadow the venv's transformers",
-            dir.display()
-        );
+    runs.push(Box::new(|| {
         step(
-            &format!("run {E2E_TEST_DIR} (transformers {version})"),
-            || run_tests(&torch_py, E2E_TEST_DIR, Some(&dir), &scratch),
-        );
+            &format!("run {E2E_TEST_DIR} (the torch venv's transformers)"),
+            || run_tests(&torch_py, E2E_TEST_DIR, None, &scratch),
+        )
+    }));
+    for (version, requirement) in extra_transformers() {
+        let (torch_venv, torch_py, scratch) = (&torch_venv, &torch_py, &scratch);
+        runs.push(Box::new(move || {
+            let dir = transformers_dir(torch_venv, &version, &requirement);
+            let mut cmd = python_cmd(
+                torch_py,
+                &["-c", "import transformers; print(transformers.__version__)"],
+            );
+            cmd.env("PYTHONPATH", &dir).current_dir(scratch);
+            let found = run(cmd, "the transformers release in use");
+            assert_eq!(
+                found.trim(),
+                version,
+                "{} does not shadow the venv's transformers",
+                dir.display()
+            );
+            step(
+                &format!("run {E2E_TEST_DIR} (transformers {version})"),
+                || run_tests(torch_py, E2E_TEST_DIR, Some(&dir), scratch),
+            );
+        }));
     }
+    // Popped from the back: the longest runs (the end-to-end ones) first.
+    let queue = std::sync::Mutex::new(runs);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let next = queue.lock().unwrap().pop();
+                    let Some(run) = next else { break };
+                    run();
+                }
+            });
+        }
+    });
     println!(
         "== python package: done in {:.1} s",
         total.elapsed().as_secs_f64()

@@ -6,6 +6,7 @@
 #   src/    vendor/llama.cpp of the sdist
 #   build/  the llama.cpp build (only the targets below)
 #   ssmk/   libggml-ssmk.so, ssmk-llama-check, ssmk-op-bench and a libssmk.so.0 link to cargo's libssmk.so
+#           (or to $SSMK_LIB_DIR/libssmk.so)
 # Prints the paths as shell assignments on its last lines (LLAMA_BIN=..., SSMK_GGML_LIB=..., ...).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -41,9 +42,15 @@ if [ ! -f build/build.ninja ]; then
 fi
 nice -n 5 ninja -C build ${SSMK_LLAMA_TARGETS:-ggml ggml-base ggml-cpu llama test-backend-ops test-llama-archs llama-bench}
 
-# libssmk.so (incremental), then the backend and the checker, rebuilt when a source is newer.
-(cd "$root" && nice -n 5 cargo build --release --lib --quiet)
-ssmk_lib=${CARGO_TARGET_DIR:-$root/target}/release
+# libssmk.so: the one in $SSMK_LIB_DIR when given (.ci/llama-lane passes the release build the
+# Python wheel's test made), else cargo's release build (incremental); then the backend and the
+# checker, rebuilt when a source is newer.
+if [ -n "${SSMK_LIB_DIR:-}" ]; then
+  ssmk_lib=$SSMK_LIB_DIR
+else
+  (cd "$root" && nice -n 5 cargo build --release --lib --quiet)
+  ssmk_lib=${CARGO_TARGET_DIR:-$root/target}/release
+fi
 mkdir -p ssmk
 # The backend finds libssmk by its SONAME next to itself ($ORIGIN).
 ln -sfn "$ssmk_lib/libssmk.so" ssmk/libssmk.so.0

@@ -413,9 +413,12 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
 /// Without `num_accepted_tokens`: the `Q` tokens of sequence `b` are appended in order to the window
 /// in rows `0..W-2` of slot `s = conv_state_indices[b]` (the same result as ssmk_causal_conv1d_fwd on
 /// a `Q`-token sequence with `has_initial_state` true); rows `W-1..L-1` are never touched. With it
-/// (speculative decoding, rolling buffer, `L >= W-2+Q`): `n = num_accepted_tokens[b]` must be in
-/// `[1, Q]`; the history for token 0 is rows `n-1 .. n+W-3`, and afterwards the slot holds
-/// `[old rows n .. n+L-Q-1, x_b[0..Q)]` (all `L` rows). Arithmetic, rounding, padding (zero outputs,
+/// (speculative decoding, rolling buffer, `L >= W-2+Q`): `n = num_accepted_tokens[b]`, the tokens
+/// of the sequence's previous step that were accepted, must be in `[1, L-W+2]`; the history for
+/// token 0 is rows `n-1 .. n+W-3`, and afterwards rows `0 .. W-3+Q` of the slot hold
+/// `[old rows n .. n+W-3, x_b[0..Q)]` and rows `W-2+Q .. L-1` are not touched (vLLM's rule): the
+/// next step finds its window at rows `n'-1 .. n'+W-3` whatever `Q` was, so the steps of one
+/// sequence may verify different numbers of tokens. Arithmetic, rounding, padding (zero outputs,
 /// state untouched; `num_accepted_tokens` of padded sequences is ignored), determinism and thread
 /// safety are as for ssmk_causal_conv1d_fwd.
 ///
@@ -434,7 +437,7 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_fwd(
 /// @retval SSMK_ERR_NULL_POINTER       `x`, `conv_states`, `weight` or `out` is NULL, or a non-empty tensor has NULL data.
 /// @retval SSMK_ERR_INVALID_ARGUMENT   bad ndim, shape, width, state length (`L < W-1`, or `L < W-2+Q`
 ///                                     with `num_accepted_tokens`), activation, duplicate slot, an
-///                                     accepted count outside `[1, Q]`, or `conv_state_indices`
+///                                     accepted count outside `[1, L-W+2]`, or `conv_state_indices`
 ///                                     `[B, k]` with `k > 1`.
 /// @retval SSMK_ERR_UNSUPPORTED_DTYPE  a dtype outside the lists above.
 /// @retval SSMK_ERR_OUT_OF_BOUNDS      a slot outside `[0, S)` that is not `pad_slot_id`.
@@ -502,6 +505,7 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_update(
             )?,
             None => parse_states(&states, act, d, w - 1, "W-1")?,
         };
+        let state_rows = states.shape[1];
         let inputs = [
             Some(&x),
             Some(&weight),
@@ -526,9 +530,10 @@ pub unsafe extern "C" fn ssmk_causal_conv1d_update(
                 for (i, &n) in n.iter().enumerate() {
                     if slots[i].is_some() {
                         ensure!(
-                            n >= 1 && n as u64 <= q as u64,
+                            n >= 1 && n as u64 <= (state_rows + 2 - w) as u64,
                             InvalidArgument,
-                            "num_accepted_tokens[{i}] = {n}, expected 1 <= n <= Q = {q} (tokens per sequence)"
+                            "num_accepted_tokens[{i}] = {n}, expected 1 <= n <= L-W+2 = {} (the window rows n-1 .. n+W-3 inside the L = {state_rows} state rows)",
+                            state_rows + 2 - w
                         );
                     }
                 }

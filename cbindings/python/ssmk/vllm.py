@@ -460,7 +460,9 @@ def _make_gdn_nonspec(st, original):
 def _spec_conv_update(st, x, conv_states, weight, bias, slots, accepted, qsl, uniform, activation):
     """``causal_conv1d_update`` in speculative mode on sequences packed by ``qsl``; ``uniform``
     is their common length or None. ssmk takes ``x [B, Q, D]``: one call, or one per distinct
-    length when a drafter proposed fewer tokens for some requests."""
+    length when a drafter proposed fewer tokens for some requests (the rolling rule keeps each
+    slot's next window at rows ``n-1 .. n+W-3`` whatever ``Q`` a step had, ABI.md §4.2 as the
+    header states it)."""
     import torch
 
     def update(xs, sel):
@@ -577,8 +579,11 @@ def _make_gdn_core(original, gdn_attention):
         else:
             gdn_attention._cpu_gdn_attention_nonspec(layer, md, mixed_qkv, b, a, core_attn_out)
 
-    # torch.library infers the op's schema from these (vLLM's are strings of its module).
-    cpu_gdn_attention_core_ssmk.__annotations__ = typing.get_type_hints(original)
+    # torch.library infers the op's schema from these (vLLM's are strings of its module, and
+    # the schema wants a None return annotated as None).
+    hints = typing.get_type_hints(original)
+    hints["return"] = None
+    cpu_gdn_attention_core_ssmk.__annotations__ = hints
     return cpu_gdn_attention_core_ssmk
 
 
@@ -707,9 +712,12 @@ def _register_mamba_mixer2(st, null_block_id):
             md = md.get(self.prefix) if md is not None else None
             if md is None or not _serving:  # profile run, or serve(False)
                 return super().conv_ssm_forward(projected_states, output)
+            # With drafts configured, decodes are speculative ([nd, 1 + num_spec] slots, Q <=
+            # 1 + num_spec tokens each); a step of prefills alone is an ordinary one (its
+            # metadata still carries the previous step's num_accepted_tokens).
             speculative = self.num_spec > 0 and md.num_decodes > 0
-            if (self.use_replayssm or (md.num_accepted_tokens is not None and not speculative)
-                    or (md.num_decode_tokens != md.num_decodes and not speculative)):
+            if self.use_replayssm or (self.num_spec == 0 and (
+                    md.num_accepted_tokens is not None or md.num_decode_tokens != md.num_decodes)):
                 _fallbacks["mamba2"] += 1
                 return super().conv_ssm_forward(projected_states, output)
             inner = self.tped_intermediate_size

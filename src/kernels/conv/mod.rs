@@ -145,8 +145,10 @@ pub unsafe fn store_f32(ptr: *mut u8, dtype: DType, index: usize, v: f32) {
 pub enum StateUpdate {
     /// Rows `0..W-1` become the last `W-1` inputs of `[history, x_seq]` (fwd and plain update).
     Append,
-    /// Speculative rolling buffer with `accepted` (1..=Q) tokens accepted: history is rows
-    /// `accepted-1 .. accepted+W-3`, and the slot becomes `[rows accepted .. accepted+L-Q-1, x_seq]`.
+    /// Speculative rolling buffer, `accepted` (1..=L-W+2) tokens of the previous step accepted:
+    /// history is rows `accepted-1 .. accepted+W-3`, and rows `0..W-2+Q` become
+    /// `[rows accepted .. accepted+W-3, x_seq]` (the rows above are not touched), so that the next
+    /// step finds its window at rows `n-1 .. n+W-3` whatever `Q` this step had.
     Rolling { accepted: usize },
 }
 

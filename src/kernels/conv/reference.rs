@@ -111,7 +111,7 @@ pub unsafe fn sequence(p: &Problem, b: usize) {
                 }
             }
             StateUpdate::Rolling { accepted } => {
-                let keep = p.state_rows - s.len;
+                let keep = w - 2;
                 for r in 0..keep {
                     let v = unsafe { load_f32(st, p.state_dtype, slot(r + accepted)) };
                     unsafe { store_f32(st, p.state_dtype, slot(r), v) };

@@ -1278,7 +1278,7 @@ unsafe fn write_state<S: Simd, A: SimdElement, St: SimdElement, Io: RowIo>(
                 }
             }
             StateUpdate::Rolling { accepted } => {
-                let keep = p.state_rows - s.len;
+                let keep = w - 2;
                 for r in 0..keep {
                     copy_row(p, st, r + accepted, r, c0, cn);
                 }

@@ -31,8 +31,10 @@ Seams (vLLM 0.32, ``mamba/`` = ``vllm/model_executor/layers/mamba/``):
 ``zero_blocks``         ``CPUModelRunner._zero_block_ids``
 ======================  ==================================================================
 
-``SSMK_VLLM=0`` disables the plugin; any vLLM other than 0.32.x gets a warning naming it and
-nothing patched. :func:`patched` lists the seams replaced in this process (logged once);
+``SSMK_VLLM=0`` disables the plugin. Versions: any vLLM from :data:`MIN_VLLM` (0.32) on, each
+seam checked on its own: a seam whose vLLM functions are missing or have other parameters than
+the ones it was written for gets a warning naming them and is left to vLLM, the others are
+installed; an older vLLM gets a warning and nothing patched. :func:`patched` lists the seams replaced in this process (logged once);
 :func:`calls` counts the calls each seam served with ssmk and :func:`fallbacks` the calls it
 handed back to vLLM's own code (cases ssmk's path does not take, e.g. a speculative-decode
 Mamba-2 step whose source and destination slots differ). :func:`serve` switches the installed
@@ -51,9 +53,20 @@ import math
 import os
 import threading
 
-__all__ = ["SUPPORTED_VLLM", "calls", "enabled", "fallbacks", "patched", "register", "serve"]
+__all__ = ["MIN_VLLM", "calls", "enabled", "fallbacks", "patched", "register", "serve"]
 
-SUPPORTED_VLLM = "0.32."
+# The oldest vLLM the plugin installs into; newer ones get every seam whose functions still have
+# the parameters it was written for (_SEAM_FUNCTIONS).
+MIN_VLLM = (0, 32)
+
+
+def _version_tuple(version):
+    """``(major, minor)`` of a version string (``"0.32.1.dev3"`` -> ``(0, 32)``)."""
+    parts = []
+    for part in version.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 def _logger():
@@ -129,9 +142,9 @@ def register() -> None:
             return
 
         version = getattr(vllm, "__version__", "unknown")
-        if not version.startswith(SUPPORTED_VLLM):
-            logger.warning("ssmk.vllm: vLLM %s is not supported (ssmk targets %sx): "
-                           "nothing patched", version, SUPPORTED_VLLM)
+        if _version_tuple(version) < MIN_VLLM:
+            logger.warning("ssmk.vllm: vLLM %s is older than %s: nothing patched", version,
+                           ".".join(map(str, MIN_VLLM)))
             return
         from vllm.platforms import current_platform
 
@@ -141,7 +154,7 @@ def register() -> None:
         # ssmk's calls run on torch's OpenMP threads rather than a second pool on the same
         # cores (read when ssmk.torch creates a context; SSMK_POOL=ssmk keeps the private pool).
         os.environ.setdefault("SSMK_POOL", "openmp")
-        _install()
+        _install(version)
         logger.info("ssmk.vllm: libssmk %s (%s) serves vLLM %s: %s", _ssmk_version(),
                     _active_isa(), version, ", ".join(_patched))
 
@@ -1028,60 +1041,158 @@ def _make_zero_block_ids(st, original):
 # Installation
 
 
-def _install():
+_M = "vllm.model_executor.layers.mamba."
+_CONV = ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices",
+         "has_initial_state", "activation", "pad_slot_id")
+_CONV_UPDATE = ("x", "conv_state", "weight", "bias", "activation", "conv_state_indices",
+                "query_start_loc", "pad_slot_id", "kwargs")
+# What each seam replaces, as vLLM 0.32 has it on CPU (``ops.causal_conv1d`` binds the CPU
+# functions there): (module, function or Class.method, parameters). A seam whose functions are
+# missing or have other parameters is left to vLLM (with a warning); the others are installed.
+_SEAM_FUNCTIONS = {
+    "conv_prefill": [(_M + "ops.cpu.causal_conv1d", "causal_conv1d_fn_cpu", _CONV + ("kwargs",)),
+                     (_M + "ops.causal_conv1d", "causal_conv1d_fn", _CONV + ("kwargs",))],
+    "conv_decode": [(_M + "ops.cpu.causal_conv1d", "causal_conv1d_update_cpu", _CONV_UPDATE),
+                    (_M + "ops.causal_conv1d", "causal_conv1d_update", _CONV_UPDATE)],
+    "gdn": [
+        (_M + "ops.cpu.gdn_attention", "cpu_gdn_attention_core",
+         ("mixed_qkv", "b", "a", "core_attn_out", "layer_name")),
+        (_M + "ops.cpu.gdn_attention", "_cpu_gdn_attention_nonspec",
+         ("layer", "attn_metadata_i", "mixed_qkv", "b", "a", "core_attn_out")),
+        (_M + "ops.cpu.gdn_attention", "_cpu_gdn_attention_spec_aware",
+         ("layer", "attn_metadata_i", "mixed_qkv", "b", "a", "core_attn_out", "width",
+          "state_len"))],
+    "short_conv": [(_M + "short_conv", "ShortConv.forward_native",
+                    ("self", "hidden_states", "output"))],
+    "kda": [(_M + "gdn.kimi_gdn_linear_attn", "KimiGatedDeltaNetAttention._forward",
+             ("self", "mixed_qkv", "g1", "g2", "beta", "core_attn_out"))],
+    "mamba2": [(_M + "mamba_mixer2", "MambaMixer2.conv_ssm_forward",
+                ("self", "projected_states", "output"))],
+    "mamba1": [(_M + "mamba_mixer", "MambaMixer.forward_impl",
+                ("self", "hidden_states", "output"))],
+    "mamba2_prefill": [(_M + "ops.ssd_combined", "_mamba_chunk_scan_combined_fwd", (
+        "x", "dt", "A", "B", "C", "chunk_size", "out", "D", "z", "dt_bias", "initial_states",
+        "return_intermediate_states", "seq_idx", "cu_seqlens", "cu_chunk_seqlens",
+        "last_chunk_indices", "dt_softplus", "dt_limit", "state_dtype", "kwargs"))],
+    "mamba2_decode": [(_M + "ops.ssu_dispatch", "CPUSSUBackend.__call__", (
+        "self", "state", "x", "dt", "A", "B", "C", "D", "dt_bias", "z", "dt_softplus",
+        "state_batch_indices", "dst_state_batch_indices", "null_block_id", "out",
+        "num_accepted_tokens", "cu_seqlens", "is_blackwell"))],
+    "batch_memcpy": [("vllm.utils.cpu_triton_utils", "_batch_memcpy_impl",
+                      ("src_ptrs", "dst_ptrs", "sizes", "BLOCK_SIZE"))],
+    "zero_blocks": [("vllm.v1.worker.cpu_model_runner", "CPUModelRunner._zero_block_ids",
+                     ("self", "block_ids"))],
+}
+
+
+def _seam_mismatch(seam):
+    """None when every function ``seam`` replaces is there with the parameters it was written
+    for, else what differs."""
+    import importlib
+    import inspect
+
+    for module_name, qualname, params in _SEAM_FUNCTIONS[seam]:
+        try:
+            obj = importlib.import_module(module_name)
+        except ImportError as e:
+            return f"{module_name} does not import ({e})"
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return f"{module_name} has no {qualname}"
+        try:
+            got = tuple(inspect.signature(obj).parameters)
+        except (TypeError, ValueError):
+            got = ()
+        if got != params:
+            return f"{module_name}.{qualname} has parameters {got}, expected {params}"
+    return None
+
+
+def _install(version):
+    """Installs every seam whose vLLM functions match :data:`_SEAM_FUNCTIONS`."""
     import ssmk.torch as st
-    from vllm.model_executor.layers.mamba import mamba_mixer2
-    from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
-    from vllm.model_executor.layers.mamba.ops import ssd_combined, ssu_dispatch
-    from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as cpu_conv
-    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-    from vllm.utils import cpu_triton_utils
     from vllm.v1.attention.backends.utils import NULL_BLOCK_ID, PAD_SLOT_ID
-    from vllm.v1.worker import cpu_model_runner
 
-    conv_fn = _make_conv_fn(st, cpu_conv.causal_conv1d_fn_cpu, PAD_SLOT_ID)
-    conv_update = _make_conv_update(st, cpu_conv.causal_conv1d_update_cpu, NULL_BLOCK_ID)
-    cpu_conv.causal_conv1d_fn_cpu = conv_fn
-    cpu_conv.causal_conv1d_update_cpu = conv_update
-    conv_ops.causal_conv1d_fn = conv_fn
-    conv_ops.causal_conv1d_update = conv_update
-    mamba_mixer2.causal_conv1d_fn = conv_fn
-    mamba_mixer2.causal_conv1d_update = conv_update
-    gdn_attention.causal_conv1d_torch = conv_fn
-    gdn_attention.causal_conv1d_update_cpu = conv_update
-    _patched.extend(["conv_prefill", "conv_decode"])
+    def install_conv_prefill():
+        from vllm.model_executor.layers.mamba import mamba_mixer2
+        from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
+        from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as cpu_conv
+        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
 
-    gdn_attention._cpu_gdn_attention_nonspec = _make_gdn_nonspec(
-        st, gdn_attention._cpu_gdn_attention_nonspec)
-    gdn_attention._cpu_gdn_attention_spec_aware = _make_gdn_spec_aware(
-        st, gdn_attention._cpu_gdn_attention_spec_aware)
-    if gdn_attention._CPU_GDN_ATTENTION_OPS_REGISTERED:
-        _logger().warning("ssmk.vllm: vLLM's GDN op was registered before the plugin loaded: "
-                          "float32/float16 GDN layers keep its bf16-only check")
-    gdn_attention.cpu_gdn_attention_core = _make_gdn_core(gdn_attention.cpu_gdn_attention_core,
-                                                          gdn_attention)
-    _patched.append("gdn")
+        conv_fn = _make_conv_fn(st, cpu_conv.causal_conv1d_fn_cpu, PAD_SLOT_ID)
+        cpu_conv.causal_conv1d_fn_cpu = conv_fn
+        conv_ops.causal_conv1d_fn = conv_fn
+        mamba_mixer2.causal_conv1d_fn = conv_fn
+        gdn_attention.causal_conv1d_torch = conv_fn
 
-    _register_short_conv(st)
-    _patched.append("short_conv")
-    _register_kda(st)
-    _patched.append("kda")
+    def install_conv_decode():
+        from vllm.model_executor.layers.mamba import mamba_mixer2
+        from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
+        from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as cpu_conv
+        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
 
-    _register_mamba_mixer2(st, NULL_BLOCK_ID)
-    _patched.append("mamba2")
-    _register_mamba_mixer(st, NULL_BLOCK_ID)
-    _patched.append("mamba1")
-    ssd_combined._mamba_chunk_scan_combined_fwd = _make_chunk_scan(
-        st, ssd_combined._mamba_chunk_scan_combined_fwd)
-    _patched.append("mamba2_prefill")
-    cpu_key = ssu_dispatch.MambaBackendEnum.CPU
-    ssu_dispatch._BACKEND_REGISTRY[cpu_key] = _make_ssu_backend(
-        st, ssu_dispatch._BACKEND_REGISTRY[cpu_key])
-    _patched.append("mamba2_decode")
+        conv_update = _make_conv_update(st, cpu_conv.causal_conv1d_update_cpu, NULL_BLOCK_ID)
+        cpu_conv.causal_conv1d_update_cpu = conv_update
+        conv_ops.causal_conv1d_update = conv_update
+        mamba_mixer2.causal_conv1d_update = conv_update
+        gdn_attention.causal_conv1d_update_cpu = conv_update
 
-    cpu_triton_utils._batch_memcpy_impl = _make_batch_memcpy(cpu_triton_utils._batch_memcpy_impl)
-    _patched.append("batch_memcpy")
+    def install_gdn():
+        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
 
-    cpu_model_runner.CPUModelRunner._zero_block_ids = _make_zero_block_ids(
-        st, cpu_model_runner.CPUModelRunner._zero_block_ids)
-    _patched.append("zero_blocks")
+        gdn_attention._cpu_gdn_attention_nonspec = _make_gdn_nonspec(
+            st, gdn_attention._cpu_gdn_attention_nonspec)
+        gdn_attention._cpu_gdn_attention_spec_aware = _make_gdn_spec_aware(
+            st, gdn_attention._cpu_gdn_attention_spec_aware)
+        if gdn_attention._CPU_GDN_ATTENTION_OPS_REGISTERED:
+            _logger().warning("ssmk.vllm: vLLM's GDN op was registered before the plugin "
+                              "loaded: float32/float16 GDN layers keep its bf16-only check")
+        gdn_attention.cpu_gdn_attention_core = _make_gdn_core(
+            gdn_attention.cpu_gdn_attention_core, gdn_attention)
+
+    def install_mamba2_prefill():
+        from vllm.model_executor.layers.mamba.ops import ssd_combined
+
+        ssd_combined._mamba_chunk_scan_combined_fwd = _make_chunk_scan(
+            st, ssd_combined._mamba_chunk_scan_combined_fwd)
+
+    def install_mamba2_decode():
+        from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+        cpu_key = ssu_dispatch.MambaBackendEnum.CPU
+        ssu_dispatch._BACKEND_REGISTRY[cpu_key] = _make_ssu_backend(
+            st, ssu_dispatch._BACKEND_REGISTRY[cpu_key])
+
+    def install_batch_memcpy():
+        from vllm.utils import cpu_triton_utils
+
+        cpu_triton_utils._batch_memcpy_impl = _make_batch_memcpy(
+            cpu_triton_utils._batch_memcpy_impl)
+
+    def install_zero_blocks():
+        from vllm.v1.worker import cpu_model_runner
+
+        cpu_model_runner.CPUModelRunner._zero_block_ids = _make_zero_block_ids(
+            st, cpu_model_runner.CPUModelRunner._zero_block_ids)
+
+    installers = {
+        "conv_prefill": install_conv_prefill,
+        "conv_decode": install_conv_decode,
+        "gdn": install_gdn,
+        "short_conv": lambda: _register_short_conv(st),
+        "kda": lambda: _register_kda(st),
+        "mamba2": lambda: _register_mamba_mixer2(st, NULL_BLOCK_ID),
+        "mamba1": lambda: _register_mamba_mixer(st, NULL_BLOCK_ID),
+        "mamba2_prefill": install_mamba2_prefill,
+        "mamba2_decode": install_mamba2_decode,
+        "batch_memcpy": install_batch_memcpy,
+        "zero_blocks": install_zero_blocks,
+    }
+    for seam, install in installers.items():
+        why = _seam_mismatch(seam)
+        if why is not None:
+            _logger().warning("ssmk.vllm: vLLM %s: %s: seam %s left to vLLM", version, why, seam)
+            continue
+        install()
+        _patched.append(seam)

@@ -454,6 +454,11 @@ import os, sys, vllm
 case = sys.argv[1]
 if case == "old":
     vllm.__version__ = "0.31.0"
+if case == "newer":
+    vllm.__version__ = "0.33.0"
+if case == "changed":  # one seam's function with other parameters than the plugin's
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+    gdn_attention._cpu_gdn_attention_nonspec = lambda layer, attn_metadata_i: None
 from vllm.plugins import load_general_plugins
 load_general_plugins()  # through the installed entry point
 import ssmk.vllm as sv
@@ -464,11 +469,14 @@ ALL_SEAMS = ("conv_prefill,conv_decode,gdn,short_conv,kda,mamba2,mamba1,mamba2_p
 
 
 def check_registration(chk):
-    """The entry point loads the plugin; SSMK_VLLM=0 and another vLLM version patch nothing."""
+    """The entry point loads the plugin; SSMK_VLLM=0 and an older vLLM patch nothing; a newer one
+    gets every seam whose functions match, a seam whose function changed is left out."""
     for case, env, patched, says in (
             ("on", {}, ALL_SEAMS, "ssmk.vllm: libssmk"),
             ("off", {"SSMK_VLLM": "0"}, "", "disabled by SSMK_VLLM=0"),
-            ("old", {}, "", "vLLM 0.31.0 is not supported")):
+            ("old", {}, "", "vLLM 0.31.0 is older than 0.32"),
+            ("newer", {}, ALL_SEAMS, "serves vLLM 0.33.0"),
+            ("changed", {}, ALL_SEAMS.replace(",gdn", ""), "seam gdn left to vLLM")):
         out = subprocess.run([sys.executable, "-c", REGISTRATION, case], capture_output=True,
                              text=True, env=dict(os.environ, **env))
         got = [ln[8:] for ln in out.stdout.splitlines() if ln.startswith("PATCHED ")]

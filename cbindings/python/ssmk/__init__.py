@@ -141,6 +141,16 @@ SIGNATURES = {
 }
 
 
+def _version_tuple(version):
+    """``(major, minor)`` of a version string (``"5.25.0.dev0"`` -> ``(5, 25)``): the runtime
+    hooks' version rules (``ssmk.transformers``, ``ssmk.vllm``)."""
+    parts = []
+    for part in version.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 def _find_library():
     env = os.environ.get("SSMK_LIBRARY")
     if env:

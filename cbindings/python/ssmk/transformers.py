@@ -1040,15 +1040,6 @@ def _check_function(module, name):
     return fn
 
 
-def _version_tuple(version):
-    """``(major, minor)`` of a version string (``"5.25.0.dev0"`` -> ``(5, 25)``)."""
-    parts = []
-    for part in version.split(".")[:2]:
-        digits = "".join(c for c in part if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 def enable(families=None, *, force=False):
     """Route the given families (default: all of :data:`FAMILIES`) to ssmk; returns the families
     that are routed after the call.
@@ -1061,7 +1052,7 @@ def enable(families=None, *, force=False):
     ``force=True``). Enabling twice is harmless.
     """
     version = _version()
-    if not force and _version_tuple(version) < MIN_VERSION:
+    if not force and ssmk._version_tuple(version) < MIN_VERSION:
         _warn(f"transformers {version} is older than {'.'.join(map(str, MIN_VERSION))}; "
               "nothing was patched (enable(force=True) to try anyway)")
         return []

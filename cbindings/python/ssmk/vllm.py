@@ -60,15 +60,6 @@ __all__ = ["MIN_VLLM", "calls", "enabled", "fallbacks", "patched", "register", "
 MIN_VLLM = (0, 32)
 
 
-def _version_tuple(version):
-    """``(major, minor)`` of a version string (``"0.32.1.dev3"`` -> ``(0, 32)``)."""
-    parts = []
-    for part in version.split(".")[:2]:
-        digits = "".join(c for c in part if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 def _logger():
     """The plugin's logger with its own stderr handler: vLLM configures its logging only after it
     loaded the general plugins, so its handlers are not there yet when the plugin reports."""
@@ -142,7 +133,9 @@ def register() -> None:
             return
 
         version = getattr(vllm, "__version__", "unknown")
-        if _version_tuple(version) < MIN_VLLM:
+        import ssmk
+
+        if ssmk._version_tuple(version) < MIN_VLLM:
             logger.warning("ssmk.vllm: vLLM %s is older than %s: nothing patched", version,
                            ".".join(map(str, MIN_VLLM)))
             return
@@ -501,7 +494,7 @@ def _spec_conv_update(st, x, conv_states, weight, bias, slots, accepted, qsl, un
     return out
 
 
-def _make_gdn_spec_aware(st, original):
+def _make_gdn_spec_aware(st, original, nonspec):
     def cpu_gdn_attention_spec_aware_ssmk(layer, md, mixed_qkv, b, a, core_attn_out, width,
                                           state_len):
         """A layer step of an engine with speculative decoding (a conv-state slot of
@@ -512,11 +505,8 @@ def _make_gdn_spec_aware(st, original):
         :func:`_gdn_prefill_step`."""
         if not _serving:
             return original(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
-        if md.spec_sequence_masks is None:
-            n, n_prefills, qsl, idx, his = _delta_rule_step(md, "gdn", mixed_qkv.device)
-            _gdn_prefill_step(st, layer, mixed_qkv[:n], a[:n], b[:n], core_attn_out[:n], qsl,
-                              idx, his, n_prefills)
-            return
+        if md.spec_sequence_masks is None:  # a step without drafts (the conv keeps to W-1 rows)
+            return nonspec(layer, md, mixed_qkv, b, a, core_attn_out)
         _calls["gdn"] += 1
         nspec, n_prefills = md.num_spec_decodes, md.num_prefills
         only_spec = n_prefills == 0 and md.num_decodes == 0
@@ -1114,29 +1104,24 @@ def _install(version):
     import ssmk.torch as st
     from vllm.v1.attention.backends.utils import NULL_BLOCK_ID, PAD_SLOT_ID
 
-    def install_conv_prefill():
+    def conv_homes(fn_name):
+        """Every module binding vLLM's CPU conv function ``fn_name`` (the prefill one or the
+        update one), with the name it binds it under there."""
         from vllm.model_executor.layers.mamba import mamba_mixer2
         from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
         from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as cpu_conv
         from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
 
-        conv_fn = _make_conv_fn(st, cpu_conv.causal_conv1d_fn_cpu, PAD_SLOT_ID)
-        cpu_conv.causal_conv1d_fn_cpu = conv_fn
-        conv_ops.causal_conv1d_fn = conv_fn
-        mamba_mixer2.causal_conv1d_fn = conv_fn
-        gdn_attention.causal_conv1d_torch = conv_fn
+        generic = fn_name.removesuffix("_cpu")
+        in_gdn = "causal_conv1d_torch" if fn_name == "causal_conv1d_fn_cpu" else fn_name
+        return [(cpu_conv, fn_name), (conv_ops, generic), (mamba_mixer2, generic),
+                (gdn_attention, in_gdn)]
 
-    def install_conv_decode():
-        from vllm.model_executor.layers.mamba import mamba_mixer2
-        from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
-        from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as cpu_conv
-        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-
-        conv_update = _make_conv_update(st, cpu_conv.causal_conv1d_update_cpu, NULL_BLOCK_ID)
-        cpu_conv.causal_conv1d_update_cpu = conv_update
-        conv_ops.causal_conv1d_update = conv_update
-        mamba_mixer2.causal_conv1d_update = conv_update
-        gdn_attention.causal_conv1d_update_cpu = conv_update
+    def install_conv(fn_name, make, pad):
+        homes = conv_homes(fn_name)
+        replacement = make(st, getattr(*homes[0]), pad)
+        for module, name in homes:
+            setattr(module, name, replacement)
 
     def install_gdn():
         from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
@@ -1144,7 +1129,8 @@ def _install(version):
         gdn_attention._cpu_gdn_attention_nonspec = _make_gdn_nonspec(
             st, gdn_attention._cpu_gdn_attention_nonspec)
         gdn_attention._cpu_gdn_attention_spec_aware = _make_gdn_spec_aware(
-            st, gdn_attention._cpu_gdn_attention_spec_aware)
+            st, gdn_attention._cpu_gdn_attention_spec_aware,
+            gdn_attention._cpu_gdn_attention_nonspec)
         if gdn_attention._CPU_GDN_ATTENTION_OPS_REGISTERED:
             _logger().warning("ssmk.vllm: vLLM's GDN op was registered before the plugin "
                               "loaded: float32/float16 GDN layers keep its bf16-only check")
@@ -1177,8 +1163,9 @@ def _install(version):
             st, cpu_model_runner.CPUModelRunner._zero_block_ids)
 
     installers = {
-        "conv_prefill": install_conv_prefill,
-        "conv_decode": install_conv_decode,
+        "conv_prefill": lambda: install_conv("causal_conv1d_fn_cpu", _make_conv_fn, PAD_SLOT_ID),
+        "conv_decode": lambda: install_conv("causal_conv1d_update_cpu", _make_conv_update,
+                                            NULL_BLOCK_ID),
         "gdn": install_gdn,
         "short_conv": lambda: _register_short_conv(st),
         "kda": lambda: _register_kda(st),

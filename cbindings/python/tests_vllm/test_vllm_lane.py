@@ -13,6 +13,9 @@ process, each engine serving several scenarios:
 * ``spec`` (Qwen3.5 in float32 and Nemotron-H): the ``full`` batch, and prompts that repeat a
   pattern, with speculative decoding by vLLM's ``ngram`` drafter (2 draft tokens, accepted and
   rejected ones), which must give the tokens of ``full`` and its logprobs within rounding;
+  ``mtp`` (Qwen3.5) the same with drafts from the model's own multi-token-prediction layer;
+* ``tp2`` (Qwen3.5 and Nemotron-H): the ``full`` batch with ``tensor_parallel_size=2``, one core
+  per rank, equal to ``full`` within rounding, every rank's seams on ssmk;
 * in the engine that runs with prefix caching (``PREFIX_CACHING``: the chunked one, or for
   Nemotron-H the full one, whose prefills need state checkpoints inside them) the extended
   prompt again (a cache hit) and a prompt extending it (a hit on its prefix); the other engine's
@@ -69,10 +72,14 @@ VLLM_WRONG = {"lfm2"}
 # Nemotron-H with prefix caching: vLLM's CPU scan returns final states only where the "align"
 # checkpoint wants the state at a chunk end (issue 31: mamba_mixer2.py:880), so Nemotron-H is
 # also run without the plugin and without prefix caching (chunked-noplugin) for the comparison.
-# Speculative decoding: the engines (and their families) that run it, the drafter's settings.
-SPEC = {"qwen3_5", "nemotron_h"}
-SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2,
-               "prompt_lookup_min": 1}
+# Speculative decoding: the engines of each family that run it, and their drafters: vLLM's
+# ngram drafter, and Qwen3.5's MTP layer (tiny_models adds one).
+SPEC = {"qwen3_5": ["spec", "mtp"], "nemotron_h": ["spec"]}
+SPEC_CONFIGS = {"spec": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2,
+                         "prompt_lookup_min": 1},
+                "mtp": {"method": "mtp", "num_speculative_tokens": 2}}
+# Families also run with tensor parallelism (engine ``tp2``: 2 ranks, one core each).
+TENSOR_PARALLEL = {"qwen3_5", "nemotron_h"}
 NOPLUGIN_REFUSES = {("qwen3_5", "full-noplugin"): ("CPU GDN attention requires BF16.",),
                     ("nemotron_h", "full-noplugin"): (
                         'mamba_mixer2.py", line 880, in conv_ssm_forward',
@@ -147,11 +154,20 @@ def run_engine(args):
     prefix = PREFIX_CACHING[args.family] == mode
     probe = install_probe()
     t0 = time.time()
-    spec = {"speculative_config": SPEC_CONFIG} if mode == "spec" else {}
+    extra = {}
+    if mode in SPEC_CONFIGS:
+        extra["speculative_config"] = SPEC_CONFIGS[mode]
+    if mode == "tp2":
+        # vLLM's CPU ranks: one OpenMP team each, pinned to its own core.
+        cores = sorted(os.sched_getaffinity(0))[:2]
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in cores)
+        # collective_rpc(rank_report) sends a function to the ranks (pickled).
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        extra["tensor_parallel_size"] = 2
     llm = LLM(path, dtype=str(dtype).split(".")[1], enforce_eager=True, max_model_len=512,
               max_num_seqs=8, seed=0, block_size=BLOCK, enable_prefix_caching=prefix,
               enable_chunked_prefill=True,
-              max_num_batched_tokens=CHUNK if chunked else 1024, **spec)
+              max_num_batched_tokens=CHUNK if chunked else 1024, **extra)
     started = time.time() - t0
     sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0, prompt_logprobs=0,
                         ignore_eos=True)
@@ -177,10 +193,13 @@ def run_engine(args):
 
     t1 = time.time()
     gen("batch", batch)
-    if args.family in SPEC and mode in ("full", "spec"):
+    if mode == "tp2":
+        _write_result(args, probe, runs, {}, dtype, started, t1, llm.collective_rpc(rank_report))
+        return
+    if mode in ["full"] + SPEC.get(args.family, []):
         gen("rep", repeats, SamplingParams(max_tokens=LONG_GEN, temperature=0.0, logprobs=0,
                                            prompt_logprobs=0, ignore_eos=True))
-    if mode == "spec":
+    if mode in SPEC_CONFIGS:
         _write_result(args, probe, runs, {}, dtype, started, t1)
         return
     gen("cold", [extension], sp_hit)  # with prefix caching: stores the extension's blocks ...
@@ -206,13 +225,25 @@ def run_engine(args):
     _write_result(args, probe, runs, served_off, dtype, started, t1)
 
 
-def _write_result(args, probe, runs, served_off, dtype, started, t1):
+def rank_report(worker):
+    """Runs in each tensor-parallel rank (``LLM.collective_rpc``): its rank and its plugin's
+    counters."""
+    import torch.distributed as dist
+
+    import ssmk.vllm as sv
+
+    return {"rank": dist.get_rank(), "patched": sv.patched(), "calls": sv.calls(),
+            "fallbacks": sv.fallbacks()}
+
+
+def _write_result(args, probe, runs, served_off, dtype, started, t1, ranks=None):
     import ssmk.vllm as sv
 
     elapsed = time.time() - t1
     result = {"runs": runs, "patched": sv.patched(), "calls": sv.calls(), "probe": probe,
               "fallbacks": sv.fallbacks(), "dtype": str(dtype).split(".")[1],
-              "engine_s": started, "generate_s": elapsed, "served_off": served_off}
+              "engine_s": started, "generate_s": elapsed, "served_off": served_off,
+              "ranks": ranks}
     with open(args.out, "w") as f:
         json.dump(result, f)
 
@@ -363,8 +394,10 @@ def check_family(family, results, models, chk):
             chk.close(f"{family}/{mode}/serve(False)/{name} vs vLLM without ssmk",
                       seq_logprobs(run), seq_logprobs(b), TOL_SELF[dtype])
 
-    if family in SPEC:
-        check_spec(family, full, results.get("spec"), chk)
+    for mode in SPEC.get(family, []):
+        check_spec(family, mode, full, results.get(mode), chk)
+    if family in TENSOR_PARALLEL:
+        check_tensor_parallel(family, full, results.get("tp2"), chk)
     names = sorted(full["runs"])
     ref = dict(zip(names, hf_logprobs(path, [full["runs"][n]["prompt"] + full["runs"][n]["tokens"]
                                              for n in names])))
@@ -427,26 +460,47 @@ def check_family(family, results, models, chk):
                   hit["logprobs"], cold["logprobs"], TOL_SELF[dtype])
 
 
-def check_spec(family, full, spec, chk):
-    """The speculative engine: every seam on ssmk (its speculative mode ran), the tokens of the
+def check_spec(family, mode, full, spec, chk):
+    """A speculative engine: every seam on ssmk (its speculative mode ran), the tokens of the
     engine without drafts and its logprobs within the rounding of a different batching."""
-    chk.true(f"{family}/spec: engine run", spec is not None)
+    chk.true(f"{family}/{mode}: engine run", spec is not None)
     if spec is None:
         return
     kernel = MAIN_KERNEL[family]
-    chk.true(f"{family}/spec: no fallbacks to vLLM's own kernels", not spec["fallbacks"],
+    chk.true(f"{family}/{mode}: no fallbacks to vLLM's own kernels", not spec["fallbacks"],
              str(spec["fallbacks"]))
     probe = spec["probe"].get(kernel, {})
-    chk.true(f"{family}/spec: ssmk's speculative mode verified drafts",
+    chk.true(f"{family}/{mode}: ssmk's speculative mode verified drafts",
              probe.get("speculative", 0) > 0 and probe.get("verified", 0) > 1,
              f"ssmk {kernel}: {probe}")
     dtype = full["dtype"]
     for name, run in sorted(spec["runs"].items()):
         twin = full["runs"][name]
-        chk.true(f"{family}/spec/{name}: same tokens as without drafts",
+        chk.true(f"{family}/{mode}/{name}: same tokens as without drafts",
                  run["tokens"] == twin["tokens"], f"{run['tokens']} vs {twin['tokens']}")
-        chk.close(f"{family}/spec/{name} vs full", seq_logprobs(run), seq_logprobs(twin),
+        chk.close(f"{family}/{mode}/{name} vs full", seq_logprobs(run), seq_logprobs(twin),
                   TOL_SELF[dtype])
+
+
+def check_tensor_parallel(family, full, tp, chk):
+    """The 2-rank engine: each rank ran its share of every recurrent layer on ssmk (no fallback),
+    and the batch equals the 1-rank engine's within rounding (the ranks' partial sums are added
+    in another order)."""
+    chk.true(f"{family}/tp2: engine run", tp is not None)
+    if tp is None:
+        return
+    ranks = tp["ranks"] or []
+    need = SEAMS[family]["full"] - {"batch_memcpy"}
+    chk.true(f"{family}/tp2: 2 ranks, each calling {sorted(need)} with ssmk, no fallbacks",
+             sorted(r["rank"] for r in ranks) == [0, 1]
+             and all(need <= {k for k, v in r["calls"].items() if v > 0} and not r["fallbacks"]
+                     for r in ranks), str(ranks))
+    for name, run in sorted(tp["runs"].items()):
+        twin = full["runs"][name]
+        chk.true(f"{family}/tp2/{name}: same tokens as 1 rank", run["tokens"] == twin["tokens"],
+                 f"{run['tokens']} vs {twin['tokens']}")
+        chk.close(f"{family}/tp2/{name} vs full (1 rank)", seq_logprobs(run),
+                  seq_logprobs(twin), TOL_SELF[full["dtype"]])
 
 
 REGISTRATION = r"""
@@ -565,7 +619,7 @@ def main():
     # in single-threaded Python: imports, engine start, scheduling), then the checks in order.
     jobs = [(family, mode) for family in families for mode in
             (["full", "chunked"] + NOPLUGIN_MODES.get(family, ["full-noplugin"])
-             + (["spec"] if family in SPEC else []))]
+             + SPEC.get(family, []) + (["tp2"] if family in TENSOR_PARALLEL else []))]
     commands = {}
     for family, mode in jobs:
         out = os.path.join(args.work, f"{family}-{mode}.json")

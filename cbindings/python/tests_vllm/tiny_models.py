@@ -31,7 +31,8 @@ def _common(**kw):
     return base
 
 
-def qwen3_5_config(hidden=64, layers=4, k_heads=2, v_heads=4, head=32, attn_head=64, **kw):
+def qwen3_5_config(hidden=64, layers=4, k_heads=2, v_heads=4, head=32, attn_head=32, **kw):
+    # Two attention heads and even GDN head counts: the model splits over 2 tensor-parallel ranks.
     from transformers import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(**_common(
@@ -148,6 +149,8 @@ def build(family, root, seed=0, **kw):
         model.save_pretrained(path)
         if family == "kimi_linear":
             _dense_mlp_names(path)
+        if family == "qwen3_5":
+            _add_mtp_layer(path, seed)
         save_tokenizer(path)
     return path, dtype
 
@@ -162,3 +165,32 @@ def _dense_mlp_names(path):
     tensors = load_file(file)
     save_file({k.replace(".block_sparse_moe.", ".mlp."): v for k, v in tensors.items()}, file,
               metadata={"format": "pt"})
+
+
+def _add_mtp_layer(path, seed):
+    """Adds the multi-token-prediction head Qwen3.5 checkpoints ship (``mtp.*``, one layer; vLLM's
+    ``speculative_config={"method": "mtp"}`` drafts with it, transformers ignores it): a copy of
+    the model's attention layer, random ``fc`` and zero (identity) norms. Random weights draft
+    tokens the model mostly rejects, which is what the check needs: drafts verified every step."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    hidden, dtype = config["hidden_size"], tensors["lm_head.weight"].dtype
+    layer = f"model.layers.{config['layer_types'].index('full_attention')}."
+    for name, value in list(tensors.items()):
+        if name.startswith(layer):
+            tensors["mtp.layers.0." + name[len(layer):]] = value.clone()
+    gen = torch.Generator().manual_seed(seed + 1)
+    tensors["mtp.fc.weight"] = (torch.randn(hidden, 2 * hidden, generator=gen)
+                                / (2 * hidden) ** 0.5).to(dtype)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = torch.zeros(hidden, dtype=dtype)
+    save_file(tensors, file, metadata={"format": "pt"})
+    config["mtp_num_hidden_layers"] = 1
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)

@@ -987,45 +987,63 @@ fn rejects_bad_inputs() {
     }
 }
 
-/// Both state layouts take one path: a pool kept `[v][k]` (ggml's) gives bit-identical outputs
-/// and states to a compact `[k][v]` pool holding the same values, decodes included.
+/// Both state layouts take a fast path: a pool kept `[v][k]` (ggml's) gives the outputs and
+/// states of a compact `[k][v]` pool holding the same values. Multi-token sequences run one
+/// blocked recurrence for both, bit for bit; a decode on `[v][k]` runs a one-pass path that sums
+/// each column of the state along its contiguous row, a different order than `[k][v]`'s two
+/// passes, so decodes agree within a few roundings of the stored dtypes.
 #[test]
 fn every_isa_value_major_state_equals_key_major() {
-    let lens = [1usize, 40, 1, 3];
-    for (state, dims) in [
-        (DType::F32, (64, 64)),
-        (DType::F32, (20, 36)),
-        (DType::F16, (16, 24)),
+    for (lens, bitwise) in [
+        (&[40usize, 3, 2][..], true),
+        (&[1usize, 1, 1, 1][..], false),
     ] {
-        let kv = batch_case(140, &lens, dims, DType::BF16, state, Layout::KeyMajor);
-        let mut vk = kv.clone();
-        let [slots, h] = [lens.len() + 2, 3];
-        let mut st = state_pool(
-            state,
-            [slots, h, dims.0, dims.1],
-            Layout::ValueMajor,
-            &mut Rng::new(1),
-        );
-        let want = values(kv.state.as_ref().unwrap());
-        common::recurrent::fill_with(&mut st, |i| want[i]);
-        vk.state = Some(st);
-        for isa in Isa::under_test() {
-            let (mut a, mut b) = (kv.clone(), vk.clone());
-            for p in [&mut a, &mut b] {
-                let code = p.call_with(isa, Path::Auto, std::ptr::null());
-                assert_eq!(code, SSMK_OK, "{}", common::last_error());
-            }
-            let what = format!("{isa:?} {state:?} {dims:?}");
-            assert!(a.out.bytes() == b.out.bytes(), "{what}: outputs differ");
-            let (sa, sb) = (
-                values(a.state.as_ref().unwrap()),
-                values(b.state.as_ref().unwrap()),
+        for (state, dims) in [
+            (DType::F32, (64, 64)),
+            (DType::F32, (20, 36)),
+            (DType::F16, (16, 24)),
+        ] {
+            let kv = batch_case(140, lens, dims, DType::BF16, state, Layout::KeyMajor);
+            let mut vk = kv.clone();
+            let [slots, h] = [lens.len() + 2, 3];
+            let mut st = state_pool(
+                state,
+                [slots, h, dims.0, dims.1],
+                Layout::ValueMajor,
+                &mut Rng::new(1),
             );
-            let first = sa
-                .iter()
-                .zip(&sb)
-                .position(|(x, y)| x.to_bits() != y.to_bits());
-            assert!(first.is_none(), "{what}: states differ first at {first:?}");
+            let want = values(kv.state.as_ref().unwrap());
+            common::recurrent::fill_with(&mut st, |i| want[i]);
+            vk.state = Some(st);
+            for isa in Isa::under_test() {
+                let (mut a, mut b) = (kv.clone(), vk.clone());
+                for p in [&mut a, &mut b] {
+                    let code = p.call_with(isa, Path::Auto, std::ptr::null());
+                    assert_eq!(code, SSMK_OK, "{}", common::last_error());
+                }
+                let what = format!("{isa:?} {state:?} {dims:?} lens {lens:?}");
+                let pairs = [
+                    ("outputs", values(&a.out), values(&b.out), 2f64.powi(-7)),
+                    (
+                        "states",
+                        values(a.state.as_ref().unwrap()),
+                        values(b.state.as_ref().unwrap()),
+                        if state == DType::F16 {
+                            2f64.powi(-9)
+                        } else {
+                            1e-5
+                        },
+                    ),
+                ];
+                for (name, x, y, rel) in pairs {
+                    let first = x.iter().zip(&y).position(|(x, y)| match bitwise {
+                        true => x.to_bits() != y.to_bits(),
+                        // A few roundings of the stored dtype, relative to the row's scale.
+                        false => (x - y).abs() > rel * (1.0 + x.abs()),
+                    });
+                    assert!(first.is_none(), "{what}: {name} differ first at {first:?}");
+                }
+            }
         }
     }
 }

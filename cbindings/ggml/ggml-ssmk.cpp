@@ -1,12 +1,13 @@
 // ggml-ssmk: a ggml accelerator backend that computes llama.cpp's recurrent ops with ssmk.
 //
 // An ACCEL device on the CPU buffer type (the pattern of ggml-blas): the scheduler hands it the
-// SSM_CONV, SSM_SCAN and GATED_DELTA_NET nodes its supports_op accepts and no tensor is copied.
+// SSM_CONV, SSM_SCAN, GATED_DELTA_NET and RWKV_WKV7 nodes its supports_op accepts and no tensor
+// is copied.
 // Built as libggml-ssmk.so against one pinned llama.cpp (ggml 0.25.3, llama-cpp-python 0.3.36's
 // vendor/llama.cpp): it includes ggml's internal backend header and relies on the ggml_op enum,
 // so it checks both at load and refuses to register on any other build.
 //
-// Environment: SSMK_GGML_OPS=none or a comma list of conv,scan,gdn (default: all) chooses the ops
+// Environment: SSMK_GGML_OPS=none or a comma list of conv,scan,gdn,wkv7 (default: all) chooses the ops
 // it claims, for A/B runs in an unchanged setup. SSMK_POOL=openmp runs ssmk on ggml's thread count
 // (ggml's OpenMP team); without it ssmk runs on the calling thread.
 
@@ -33,6 +34,7 @@ struct EnabledOps {
     bool conv = true;
     bool scan = true;
     bool gdn = true;
+    bool wkv7 = true;
 };
 
 EnabledOps read_enabled_ops() {
@@ -41,7 +43,7 @@ EnabledOps read_enabled_ops() {
     if (env == nullptr) {
         return ops;
     }
-    ops = {false, false, false};
+    ops = {false, false, false, false};
     std::string list = env;
     size_t start = 0;
     while (start <= list.size()) {
@@ -56,8 +58,10 @@ EnabledOps read_enabled_ops() {
             ops.scan = true;
         } else if (name == "gdn") {
             ops.gdn = true;
+        } else if (name == "wkv7") {
+            ops.wkv7 = true;
         } else if (name != "none" && !name.empty()) {
-            std::fprintf(stderr, "ggml-ssmk: SSMK_GGML_OPS: unknown op '%s' ignored (known: conv, scan, gdn, none)\n",
+            std::fprintf(stderr, "ggml-ssmk: SSMK_GGML_OPS: unknown op '%s' ignored (known: conv, scan, gdn, wkv7, none)\n",
                          name.c_str());
         }
         start = end + 1;
@@ -367,6 +371,51 @@ bool supports_gated_delta_net(const ggml_tensor * op) {
            q->ne[3] == v->ne[3] && k->ne[3] == v->ne[3] && ggml_is_contiguous(op);
 }
 
+// ---------------------------------------------------------------- RWKV_WKV7
+
+// r, w, k, v, a, b {S, H, T} (w the decay factor itself); state {S*S*H, n} with each head stored
+// [v][k] (k contiguous); the T tokens are n sequences of T/n tokens in order. dst = out {S*H, T}
+// then the n final states. One ssmk_dplr_delta_rule call with SSMK_DPLR_W_LINEAR over the [v][k]
+// view of the output states, which start as a copy of the input states (the op is out of place).
+bool compute_rwkv_wkv7(BackendContext & ctx, ggml_tensor * dst) {
+    const ggml_tensor * state = dst->src[6];
+    const int64_t S = dst->src[2]->ne[0], H = dst->src[2]->ne[1], T = dst->src[2]->ne[2], n = state->ne[1];
+    char * states = at(dst, S * H * T * sizeof(float));
+    std::memcpy(states, state->data, ggml_nbytes(state));
+    if (T == 0) {
+        return true;
+    }
+    std::vector<int32_t> cu_seqlens(n + 1), slots(n), has_state(n, 1);
+    for (int64_t s = 0; s <= n; ++s) {
+        cu_seqlens[s] = (int32_t) (s * (T / n));
+    }
+    for (int64_t s = 0; s < n; ++s) {
+        slots[s] = (int32_t) s;
+    }
+    auto token_rows = [&](const ggml_tensor * t) { return View(t->data, kF32, {{T, H * S}, {H, S}, {S, 1}}); };
+    View r = token_rows(dst->src[0]), w = token_rows(dst->src[1]), k = token_rows(dst->src[2]),
+         v = token_rows(dst->src[3]), a = token_rows(dst->src[4]), b = token_rows(dst->src[5]);
+    View out(dst->data, kF32, {{T, H * S}, {H, S}, {S, 1}});
+    // [slot][h][k][v] with k contiguous.
+    View pool(states, kF32, {{n, H * S * S}, {H, S * S}, {S, 1}, {S, S}});
+    View cu(cu_seqlens.data(), kI32, {{n + 1, 1}});
+    View slot(slots.data(), kI32, {{n, 1}});
+    View has(has_state.data(), kI32, {{n, 1}});
+    return check(ssmk_dplr_delta_rule(ctx.context(), r.get(), w.get(), k.get(), v.get(), a.get(), b.get(), 1.0f,
+                                      pool.get(), cu.get(), slot.get(), has.get(), nullptr, SSMK_DPLR_W_LINEAR, -1,
+                                      out.get(), nullptr, nullptr),
+                 dst);
+}
+
+bool supports_rwkv_wkv7(const ggml_tensor * op) {
+    for (int i = 0; i < 7; ++i) {
+        if (op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i])) {
+            return false;
+        }
+    }
+    return op->src[6]->ne[1] > 0 && ggml_is_contiguous(op);
+}
+
 // ---------------------------------------------------------------- backend
 
 const char * backend_get_name(ggml_backend_t) { return kName; }
@@ -401,6 +450,7 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph * graph) {
             case GGML_OP_SSM_CONV: ok = compute_ssm_conv(ctx, node); break;
             case GGML_OP_SSM_SCAN: ok = compute_ssm_scan(ctx, node); break;
             case GGML_OP_GATED_DELTA_NET: ok = compute_gated_delta_net(ctx, node); break;
+            case GGML_OP_RWKV_WKV7: ok = compute_rwkv_wkv7(ctx, node); break;
             default: GGML_ABORT("ggml-ssmk: unsupported op %s", ggml_op_desc(node));
         }
         if (!ok) {
@@ -494,6 +544,7 @@ bool device_supports_op(ggml_backend_dev_t, const ggml_tensor * op) {
         case GGML_OP_SSM_CONV: return enabled_ops().conv && supports_ssm_conv(op);
         case GGML_OP_SSM_SCAN: return enabled_ops().scan && supports_ssm_scan(op);
         case GGML_OP_GATED_DELTA_NET: return enabled_ops().gdn && supports_gated_delta_net(op);
+        case GGML_OP_RWKV_WKV7: return enabled_ops().wkv7 && supports_rwkv_wkv7(op);
         default: return false;
     }
 }
@@ -559,6 +610,7 @@ bool running_ggml_matches() {
         {GGML_OP_SSM_CONV, "SSM_CONV"},
         {GGML_OP_SSM_SCAN, "SSM_SCAN"},
         {GGML_OP_GATED_DELTA_NET, "GATED_DELTA_NET"},
+        {GGML_OP_RWKV_WKV7, "RWKV_WKV7"},
         {GGML_OP_GLU, "GLU"},  // the last op: nothing was inserted before it
     };
     bool ok = std::strcmp(ggml_version(), kPinnedGgmlVersion) == 0;

@@ -1,7 +1,7 @@
 // ssmk-op-bench: each served op alone, on ggml's CPU backend and on SSMK, with the same inputs in
 // one CPU buffer: the outputs' NMSE and the time per call at 1, 16 and 512 tokens per sequence.
-// test-backend-ops cannot run GATED_DELTA_NET on SSMK (its cases add L2_NORM nodes) and has no
-// 16-token cases; this fills both gaps. Usage: ssmk-op-bench [THREADS] (GGML_BACKEND_PATH must
+// test-backend-ops cannot run GATED_DELTA_NET or RWKV_WKV7 on SSMK (their cases add L2_NORM nodes)
+// and has no 16-token cases; this fills both gaps. Usage: ssmk-op-bench [THREADS] (GGML_BACKEND_PATH must
 // load SSMK). Exits non-zero when an NMSE exceeds 1e-7, test-backend-ops' default bound.
 
 #include "ggml-alloc.h"
@@ -93,9 +93,12 @@ void init_uniform(ggml_context * ctx, std::mt19937 & rng) {
             fill(t, -2.0f, -1e-4f, rng);
         } else if (name == "beta") {
             fill(t, 0.0f, 1.0f, rng);
+        } else if (name == "w") {
+            fill(t, 0.545f, 1.0f, rng);  // RWKV-7's decay factor exp(-0.606531 * sigmoid(x))
         } else {
             fill(t, -1.0f, 1.0f, rng);
-            if (name == "q" || name == "k") {
+            // q and k of the delta rule; RWKV-7's a = -kk and b = kk * iclr, kk unit rows.
+            if (name == "q" || name == "k" || name == "a" || name == "b") {
                 normalize_rows(t);
             }
         }
@@ -138,6 +141,19 @@ Case gdn(int64_t Hk, int64_t Hv, int64_t Sd, int64_t T, int64_t S, bool kda, int
                                             named(ggml_new_tensor_4d(ctx, GGML_TYPE_F32, kda ? Sd : 1, Hv, T, S), "g"),
                                             named(ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, Hv, T, S), "beta"),
                                             named(ggml_new_tensor_4d(ctx, GGML_TYPE_F32, Sd, Sd, Hv, S), "state"), K);
+            },
+            init_uniform};
+}
+
+// RWKV-7: H heads of size Sd, S sequences of T tokens.
+Case rwkv_wkv7(int64_t H, int64_t Sd, int64_t T, int64_t S) {
+    return {"RWKV_WKV7 H=" + std::to_string(H) + " d=" + std::to_string(Sd), T, S,
+            [=](ggml_context * ctx) {
+                auto rows = [&](const char * name) {
+                    return named(ggml_new_tensor_3d(ctx, GGML_TYPE_F32, Sd, H, T * S), name);
+                };
+                return ggml_rwkv_wkv7(ctx, rows("r"), rows("w"), rows("k"), rows("v"), rows("a"), rows("b"),
+                                      named(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, Sd * Sd * H, S), "state"));
             },
             init_uniform};
 }
@@ -204,13 +220,13 @@ int main(int argc, char ** argv) {
     for (int64_t T : {1, 16, 512}) {
         for (const Case & c : {ssm_conv(8192, 4, T, 1), ssm_scan(128, 64, 48, 1, T, 1, false),
                                ssm_scan(16, 1, 8192, 1, T, 1, true), gdn(16, 32, 128, T, 1, false, 1),
-                               gdn(32, 32, 128, T, 1, true, 1)}) {
+                               gdn(32, 32, 128, T, 1, true, 1), rwkv_wkv7(32, 64, T, 1)}) {
             worst = std::max(worst, run(b, c, rng));
         }
     }
     // Several sequences at once and snapshot rows (op param K), for correctness.
     for (const Case & c : {ssm_conv(1024, 4, 16, 4), ssm_scan(64, 32, 8, 2, 16, 4, false),
-                           gdn(4, 8, 64, 16, 4, false, 3), gdn(4, 8, 64, 40, 2, true, 4)}) {
+                           gdn(4, 8, 64, 16, 4, false, 3), gdn(4, 8, 64, 40, 2, true, 4), rwkv_wkv7(4, 64, 16, 4)}) {
         worst = std::max(worst, run(b, c, rng));
     }
     std::printf("worst NMSE %.2e\n", worst);

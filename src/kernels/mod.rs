@@ -3,6 +3,8 @@
 
 pub mod chunking;
 pub mod conv;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) mod decode_rows;
 pub mod dplr;
 pub mod gdn;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

@@ -6,7 +6,8 @@
 //! Two implementations of that one recurrence:
 //! - [`reference`]: the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
 //! - `recurrent`: the same recurrence in f32 SIMD, generic over [`crate::kernels::simd::Simd`],
-//!   instantiated per instruction set by `dplr_entry_points!` (`x86.rs`, `aarch64.rs`).
+//!   instantiated per instruction set by `dplr_entry_points!` (`x86.rs`, `aarch64.rs`), and
+//!   `decode`, which runs a one-token sequence straight on the state's rows instead.
 //!
 //! There is no chunked form: the recurrence issues 5 FMA-class vector operations per state
 //! element and token (9 FLOPs), and its loop alone runs at ~0.88 of the FMA peak (Zen 3, AVX2,
@@ -15,6 +16,8 @@
 
 pub mod reference;
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod decode;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod recurrent;
 
@@ -73,14 +76,16 @@ macro_rules! dplr_entry_points {
     ($module:ident, $simd:ty, $features:literal) => {
         mod $module {
             use crate::dtype::DType;
-            use crate::kernels::dplr::{DplrRule, HeadFn, recurrent};
+            use crate::kernels::dplr::{DplrRule, HeadFn, decode, recurrent};
             use crate::kernels::Sequence;
 
             #[target_feature(enable = $features)]
             unsafe fn sequence_head(args: &DplrRule, seq: &Sequence, h: usize) {
                 let dtype = args.state.as_ref().map_or(DType::F32, |s| s.dtype);
                 crate::with_float_type!(dtype, St => unsafe {
-                    recurrent::sequence_head::<$simd, St>(args, seq, h)
+                    if !decode::decode::<$simd, St>(args, seq, h) {
+                        recurrent::sequence_head::<$simd, St>(args, seq, h)
+                    }
                 })
             }
 

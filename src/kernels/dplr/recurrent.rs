@@ -31,21 +31,21 @@ const PREFETCH_TOKENS: usize = 32;
 
 /// One token's inputs as f32 (`r` times the scale, the decay factors `d`), each row padded with
 /// zeros to whole column blocks where it spans V.
-struct TokenRow<'a> {
-    r: &'a [f32],
-    d: &'a [f32],
-    k: &'a [f32],
-    a: &'a [f32],
-    b: &'a [f32],
-    v: &'a [f32],
+pub(super) struct TokenRow<'a> {
+    pub r: &'a [f32],
+    pub d: &'a [f32],
+    pub k: &'a [f32],
+    pub a: &'a [f32],
+    pub b: &'a [f32],
+    pub v: &'a [f32],
 }
 
 /// Floats of one [`TokenRow`]: five rows of K, one of V rounded up to `padded_v`.
-fn token_floats(kd: usize, padded_v: usize) -> usize {
+pub(super) fn token_floats(kd: usize, padded_v: usize) -> usize {
     5 * kd + padded_v
 }
 
-fn split_token(buf: &[f32], kd: usize) -> TokenRow<'_> {
+pub(super) fn split_token(buf: &[f32], kd: usize) -> TokenRow<'_> {
     let (r, rest) = buf.split_at(kd);
     let (d, rest) = rest.split_at(kd);
     let (k, rest) = rest.split_at(kd);
@@ -63,7 +63,7 @@ unsafe fn load<S: Simd>(t: &Strided, token: usize, h: usize, dst: &mut [f32]) {
 /// Fills `buf` (see [`token_floats`]) with token `token`'s inputs for head `h`; the V row's
 /// padding is left as it is (zero).
 #[inline(always)]
-unsafe fn load_token<S: Simd>(args: &DplrRule, token: usize, h: usize, buf: &mut [f32]) {
+pub(super) unsafe fn load_token<S: Simd>(args: &DplrRule, token: usize, h: usize, buf: &mut [f32]) {
     let (kd, vd) = (args.k_dim, args.v_dim);
     let ahead = token + PREFETCH_TOKENS;
     if ahead < args.tokens {

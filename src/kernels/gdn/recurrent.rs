@@ -9,6 +9,9 @@
 
 use super::{DeltaRule, Sequence, StateWrite, load_row, store_row};
 use crate::kernels::chunking::TaskBuffer;
+use crate::kernels::decode_rows::{
+    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, dst_none, src_none,
+};
 use crate::kernels::simd::{Simd, SimdElement, exp_into};
 use crate::kernels::state_blocks::HeadStates;
 
@@ -112,9 +115,6 @@ unsafe fn load_tokens<S: Simd>(
     g_row.fill(0.0);
     tokens
 }
-
-/// State rows ahead that a decode's first pass prefetches (4 KiB of an f32 row of 128).
-const DECODE_PREFETCH_ROWS: usize = 8;
 
 /// The call's state pool as column blocks.
 fn head_states(args: &DeltaRule) -> HeadStates<'_> {
@@ -339,15 +339,11 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
         decays: (decays, args.per_channel),
         k,
         q,
-        delta,
+        c: delta,
+        second: None,
     };
     unsafe {
-        match (rows.read.is_some(), rows.write.is_some()) {
-            (true, true) => rows.run::<S, true, true>(o),
-            (true, false) => rows.run::<S, true, false>(o),
-            (false, true) => rows.run::<S, false, true>(o),
-            (false, false) => rows.run::<S, false, false>(o),
-        }
+        rows.run::<S>(o);
         // A checkpoint of a decode is its final state: the rows as just stored, bit for bit.
         if let Some(slot) = write {
             for cp in &seq.checkpoints {
@@ -404,12 +400,11 @@ pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
         false => (&t.k[..kd], decays[0]),
     };
     let columns = StateColumns {
-        kv_k,
-        kv_scale,
+        dot: kv_k,
         decays: (decays, args.per_channel),
         k: &t.k[..kd],
+        k2: None,
         q: &t.q[..kd],
-        beta,
     };
     let row = |slot: usize, j: usize| st.at(&[slot, hv, 0, j]).cast::<St>();
     let row_bytes = kd * size_of::<St>();
@@ -419,12 +414,15 @@ pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
         if let (Some(slot), true) = (seq.read, j + DECODE_PREFETCH_ROWS < vd) {
             super::prefetch(row(slot, j + DECODE_PREFETCH_ROWS).cast(), row_bytes);
         }
+        let delta = &Delta { vj, beta, kv_scale };
         *oj = unsafe {
             match (src, dst) {
-                (Some(src), Some(dst)) => columns.update::<S, St, true, true>(src, dst, vj),
-                (Some(src), None) => columns.update::<S, St, true, false>(src, dst_none(), vj),
-                (None, Some(dst)) => columns.update::<S, St, false, true>(src_none(), dst, vj),
-                (None, None) => columns.update::<S, St, false, false>(src_none(), dst_none(), vj),
+                (Some(src), Some(dst)) => columns.update::<S, St, true, true>(src, dst, delta),
+                (Some(src), None) => columns.update::<S, St, true, false>(src, dst_none(), delta),
+                (None, Some(dst)) => columns.update::<S, St, false, true>(src_none(), dst, delta),
+                (None, None) => {
+                    columns.update::<S, St, false, false>(src_none(), dst_none(), delta)
+                }
             }
         };
     }
@@ -441,278 +439,6 @@ pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
     }
     true
-}
-
-fn src_none<St>() -> *const St {
-    std::ptr::null()
-}
-
-fn dst_none<St>() -> *mut St {
-    std::ptr::null_mut()
-}
-
-/// What [`decode_transposed`] applies to every state row (one column of `S`).
-struct StateColumns<'a> {
-    /// The factors of `kv`'s sum per row element, and its scale (see [`decode_transposed`]).
-    kv_k: &'a [f32],
-    kv_scale: f32,
-    /// `exp(g)`: one for every element, or one per element (`true`).
-    decays: (&'a [f32], bool),
-    k: &'a [f32],
-    q: &'a [f32],
-    beta: f32,
-}
-
-impl StateColumns<'_> {
-    /// Column `j` of the state: `kv = kv_scale (kv_k . S[j])`, `delta = beta (v_j - kv)`,
-    /// `S[j] = a S[j] + k delta` (read through `src`, zeros without: `READ`; stored through `dst`:
-    /// `WRITE`), returns `o_j = S[j] . q`. Two accumulators per sum, in a fixed order.
-    ///
-    /// # Safety
-    /// `src` (with `READ`) and `dst` (with `WRITE`) address `K` values; the CPU supports `S`.
-    #[inline(always)]
-    unsafe fn update<S: Simd, St: SimdElement, const READ: bool, const WRITE: bool>(
-        &self,
-        src: *const St,
-        dst: *mut St,
-        vj: f32,
-    ) -> f32 {
-        let (l, kd) = (S::LANES, self.k.len());
-        let body = kd / l * l;
-        let (decays, per_channel) = self.decays;
-        unsafe {
-            let head_decay = S::splat(decays[0]);
-            let mut kv = 0f32;
-            if READ {
-                let mut acc = [S::zero(); 2];
-                for (i, r) in (0..body).step_by(l).enumerate() {
-                    let x = St::load::<S>(src.add(r));
-                    acc[i % 2] = S::fma(x, S::load_f32(self.kv_k.as_ptr().add(r)), acc[i % 2]);
-                }
-                kv = S::reduce_sum(S::add(acc[0], acc[1]));
-                for r in body..kd {
-                    kv = (*src.add(r)).to_f32().mul_add(self.kv_k[r], kv);
-                }
-            }
-            let delta = self.beta * (vj - self.kv_scale * kv);
-            let dv = S::splat(delta);
-            let mut acc = [S::zero(); 2];
-            for (i, r) in (0..body).step_by(l).enumerate() {
-                let upd = S::mul(S::load_f32(self.k.as_ptr().add(r)), dv);
-                let s_new = match READ {
-                    true => {
-                        let a = match per_channel {
-                            true => S::load_f32(decays.as_ptr().add(r)),
-                            false => head_decay,
-                        };
-                        S::fma(St::load::<S>(src.add(r)), a, upd)
-                    }
-                    false => upd,
-                };
-                if WRITE {
-                    St::store::<S>(dst.add(r), s_new);
-                }
-                acc[i % 2] = S::fma(s_new, S::load_f32(self.q.as_ptr().add(r)), acc[i % 2]);
-            }
-            let mut o = S::reduce_sum(S::add(acc[0], acc[1]));
-            for r in body..kd {
-                let a = decays[if per_channel { r } else { 0 }];
-                let old = if READ { (*src.add(r)).to_f32() } else { 0.0 };
-                let s_new = old.mul_add(a, self.k[r] * delta);
-                if WRITE {
-                    *dst.add(r) = St::from_f32(s_new);
-                }
-                o = s_new.mul_add(self.q[r], o);
-            }
-            o
-        }
-    }
-}
-
-/// Vectors of columns a decode pass keeps in registers (accumulators and, in pass 2, `delta`):
-/// half the register file (8 with AVX-512, 4 with AVX2). Summed in registers rather than in a
-/// row of memory, each row's update no longer waits for the previous row's store to forward
-/// (measured: a 1-sequence GDN decode from cache went from 125 to 57-63 us).
-fn column_vectors<S: Simd>() -> usize {
-    if S::VECTORS_IN_REGISTERS >= 32 { 8 } else { 4 }
-}
-
-/// Pass 1 of a decode: the state rows of one slot and v-head, read in place.
-struct OldRows<'a, St> {
-    /// Row 0; row `r` is `r * row_stride` elements on.
-    row0: *const St,
-    row_stride: usize,
-    /// One factor per row.
-    x: &'a [f32],
-}
-
-impl<St: SimdElement> OldRows<'_, St> {
-    /// `sums[j] = sum_r row_r[j] * x[r]` over every column, summed in row order per column (as
-    /// the blocked path sums). Columns go in register blocks of [`column_vectors`]; the
-    /// first block's sweep prefetches whole rows ahead (the hardware prefetchers stop at page
-    /// boundaries), which the later blocks then find in cache.
-    ///
-    /// # Safety
-    /// `row0` is valid for `x.len()` rows of `sums.len()` values; the CPU supports `S`.
-    #[inline(always)]
-    unsafe fn column_sums<S: Simd>(&self, sums: &mut [f32]) {
-        let (l, vd) = (S::LANES, sums.len());
-        let vectors = vd / l;
-        let mut first = 0;
-        unsafe {
-            while first < vectors {
-                let (col, out) = (first * l, sums.as_mut_ptr().add(first * l));
-                first += match (vectors - first).min(column_vectors::<S>()) {
-                    8 => self.column_block::<S, 8>(col, vd, out),
-                    4..=7 => self.column_block::<S, 4>(col, vd, out),
-                    3 => self.column_block::<S, 3>(col, vd, out),
-                    2 => self.column_block::<S, 2>(col, vd, out),
-                    _ => self.column_block::<S, 1>(col, vd, out),
-                };
-            }
-            for (r, &xr) in self.x.iter().enumerate() {
-                let row = self.row0.add(r * self.row_stride);
-                for j in vectors * l..vd {
-                    sums[j] = (*row.add(j)).to_f32().mul_add(xr, sums[j]);
-                }
-            }
-        }
-    }
-
-    /// [`OldRows::column_sums`] of the `N` vectors from column `col` into `out`.
-    #[inline(always)]
-    unsafe fn column_block<S: Simd, const N: usize>(
-        &self,
-        col: usize,
-        vd: usize,
-        out: *mut f32,
-    ) -> usize {
-        let l = S::LANES;
-        let row_bytes = vd * size_of::<St>();
-        unsafe {
-            let mut acc = [S::zero(); N];
-            for (r, &xr) in self.x.iter().enumerate() {
-                if col == 0 && r + DECODE_PREFETCH_ROWS < self.x.len() {
-                    let ahead = self.row0.add((r + DECODE_PREFETCH_ROWS) * self.row_stride);
-                    super::prefetch(ahead.cast(), row_bytes);
-                }
-                let row = self.row0.add(r * self.row_stride + col);
-                let xv = S::splat(xr);
-                for (u, a) in acc.iter_mut().enumerate() {
-                    *a = S::fma(St::load::<S>(row.add(u * l)), xv, *a);
-                }
-            }
-            for (u, a) in acc.iter().enumerate() {
-                S::store_f32(out.add(u * l), *a);
-            }
-        }
-        N
-    }
-}
-
-/// Pass 2 of a decode: row `r` becomes `a_r S[r] + k[r] delta` (read through `read`, zeros
-/// without; stored through `write` when given) and `o += q[r] S[r]`.
-struct UpdateRows<'a, St> {
-    /// Row 0 of the old and the new state; row `r` is `r * row_stride` elements on.
-    read: Option<*const St>,
-    write: Option<*mut St>,
-    row_stride: usize,
-    next_head: Option<*const u8>,
-    /// `exp(g)`: one for every row, or one per row (`true`).
-    decays: (&'a [f32], bool),
-    k: &'a [f32],
-    q: &'a [f32],
-    delta: &'a [f32],
-}
-
-impl<St: SimdElement> UpdateRows<'_, St> {
-    /// The rows, with the presence of the old and the new state fixed at compile time (`READ`,
-    /// `WRITE`): matching the `Option`s per vector kept the loop's values on the stack. Columns
-    /// go in register blocks as in pass 1; `o` is summed in row order per column.
-    ///
-    /// # Safety
-    /// The pointers are valid for `K` rows of `V` values; the CPU supports `S`.
-    #[inline(always)]
-    unsafe fn run<S: Simd, const READ: bool, const WRITE: bool>(&self, o: &mut [f32]) {
-        let (l, vd) = (S::LANES, o.len());
-        let vectors = vd / l;
-        let mut first = 0;
-        unsafe {
-            while first < vectors {
-                let col = first * l;
-                first += match (vectors - first).min(column_vectors::<S>()) {
-                    8 => self.block::<S, 8, READ, WRITE>(col, o),
-                    4..=7 => self.block::<S, 4, READ, WRITE>(col, o),
-                    3 => self.block::<S, 3, READ, WRITE>(col, o),
-                    2 => self.block::<S, 2, READ, WRITE>(col, o),
-                    _ => self.block::<S, 1, READ, WRITE>(col, o),
-                };
-            }
-            let (decays, per_channel) = self.decays;
-            for (r, (&kr, &qr)) in self.k.iter().zip(self.q).enumerate() {
-                let a = decays[if per_channel { r } else { 0 }];
-                let offset = r * self.row_stride;
-                for j in vectors * l..vd {
-                    let old = match (READ, self.read) {
-                        (true, Some(src)) => (*src.add(offset + j)).to_f32(),
-                        _ => 0.0,
-                    };
-                    let s_new = old.mul_add(a, kr * self.delta[j]);
-                    if let (true, Some(dst)) = (WRITE, self.write) {
-                        *dst.add(offset + j) = St::from_f32(s_new);
-                    }
-                    o[j] = s_new.mul_add(qr, o[j]);
-                }
-            }
-        }
-    }
-
-    /// [`UpdateRows::run`] on the `N` vectors from column `col`; the first block's sweep reads
-    /// the next v-head's state into L2 (the next task is usually that head), so memory is never
-    /// idle while this pass computes from cache.
-    #[inline(always)]
-    unsafe fn block<S: Simd, const N: usize, const READ: bool, const WRITE: bool>(
-        &self,
-        col: usize,
-        o: &mut [f32],
-    ) -> usize {
-        let l = S::LANES;
-        let row_bytes = o.len() * size_of::<St>();
-        let (decays, per_channel) = self.decays;
-        let src0 = self.read.unwrap_or(std::ptr::null()).wrapping_add(col);
-        let dst0 = self.write.unwrap_or(std::ptr::null_mut()).wrapping_add(col);
-        unsafe {
-            let mut delta = [S::zero(); N];
-            for (u, d) in delta.iter_mut().enumerate() {
-                *d = S::load_f32(self.delta.as_ptr().add(col + u * l));
-            }
-            let mut acc = [S::zero(); N];
-            for (r, (&kr, &qr)) in self.k.iter().zip(self.q).enumerate() {
-                let offset = r * self.row_stride;
-                if let (0, Some(next)) = (col, self.next_head) {
-                    super::prefetch_l2(next.wrapping_add(offset * size_of::<St>()), row_bytes);
-                }
-                let a = S::splat(decays[if per_channel { r } else { 0 }]);
-                let (kv, qv) = (S::splat(kr), S::splat(qr));
-                let (src, dst) = (src0.wrapping_add(offset), dst0.wrapping_add(offset));
-                for u in 0..N {
-                    let upd = S::mul(kv, delta[u]);
-                    let s_new = match READ {
-                        true => S::fma(St::load::<S>(src.add(u * l)), a, upd),
-                        false => upd,
-                    };
-                    if WRITE {
-                        St::store::<S>(dst.add(u * l), s_new);
-                    }
-                    acc[u] = S::fma(s_new, qv, acc[u]);
-                }
-            }
-            for (u, a) in acc.iter().enumerate() {
-                S::store_f32(o.as_mut_ptr().add(col + u * l), *a);
-            }
-        }
-        N
-    }
 }
 
 /// A checkpoint inside a chunk (ABI.md §4.10): the state of v-head `hv` after the `len` tokens
@@ -768,4 +494,18 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
         }
     }
     unsafe { head_states(args).store::<S, St>(slot, hv, blocks, 0, blocks_n) };
+}
+
+/// The one rank-1 term of a delta-rule column: `delta = beta (v_j - kv_scale kv)`.
+struct Delta {
+    vj: f32,
+    beta: f32,
+    kv_scale: f32,
+}
+
+impl ColumnTerms for Delta {
+    #[inline(always)]
+    fn terms(&self, kv: f32) -> (f32, f32) {
+        (self.beta * (self.vj - self.kv_scale * kv), 0.0)
+    }
 }

@@ -1,0 +1,137 @@
+//! A decode (one token) straight on the slot's rows, with the shared one-token machinery of
+//! [`crate::kernels::decode_rows`]: each state element is read once from memory and written once,
+//! where the blocked recurrence copies the state into column blocks and back.
+//!
+//! RWKV-7's update `S = diag(d) S + b (x) sa + k (x) v` is that machinery's two rank-1 terms:
+//! `k` with the coefficients `v`, and `b` with `sa = a^T S`. On a v-contiguous (`[k][v]`) state
+//! `sa` is a column sum (pass 1) before the rows are updated (pass 2), in the blocked path's
+//! order, so the results are bitwise those of the blocked path; on a k-contiguous (`[v][k]`,
+//! ggml's) state each stored row is one column of `S` and takes one pass.
+
+use super::DplrRule;
+use super::recurrent::{load_token, split_token, token_floats};
+use crate::kernels::chunking::TaskBuffer;
+use crate::kernels::decode_rows::{
+    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, dst_none, src_none,
+};
+use crate::kernels::simd::{Simd, SimdElement, store_row_simd};
+use crate::kernels::strided::prefetch;
+use crate::kernels::{Sequence, StateWrite};
+
+/// Runs a one-token sequence on a state of dtype `St` whose rows are contiguous along K or V.
+/// Returns false (nothing done) for anything else, which the blocked recurrence then runs.
+///
+/// # Safety
+/// As for [`super::dplr_delta_rule`]; the CPU supports `S`.
+#[inline(always)]
+pub unsafe fn decode<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, h: usize) -> bool {
+    let Some(st) = args.state.as_ref() else {
+        return false;
+    };
+    let v_contiguous = st.strides[3] == 1;
+    if seq.len != 1 || st.dtype != St::DTYPE || !(v_contiguous || st.strides[2] == 1) {
+        return false;
+    }
+    let write = match &seq.write {
+        StateWrite::Final(slot) => Some(*slot),
+        StateWrite::PerToken(slots) => slots[0],
+        StateWrite::Nothing => None,
+    };
+    let (kd, vd) = (args.k_dim, args.v_dim);
+    let row_len = token_floats(kd, vd);
+    let mut buf = TaskBuffer::take(row_len + 2 * vd);
+    let (row, rest) = buf.split_at_mut(row_len);
+    let (o, sa) = rest.split_at_mut(vd);
+    unsafe { load_token::<S>(args, seq.start, h, row) };
+    let t = split_token(row, kd);
+    let v = &t.v[..vd];
+    // The state's contiguous rows: `[k][v]` row `x` (V values), or `[v][k]` row `j` (K values).
+    let (rows, row_elems, row_stride) = match v_contiguous {
+        true => (kd, vd, st.strides[2]),
+        false => (vd, kd, st.strides[3]),
+    };
+    let row_at = |slot: usize, i: usize| match v_contiguous {
+        true => st.at(&[slot, h, i, 0]).cast::<St>(),
+        false => st.at(&[slot, h, 0, i]).cast::<St>(),
+    };
+    unsafe {
+        if v_contiguous {
+            if let Some(slot) = seq.read {
+                let old = OldRows {
+                    row0: row_at(slot, 0).cast_const(),
+                    row_stride,
+                    x: t.a,
+                };
+                old.column_sums::<S>(sa);
+            }
+            let update = UpdateRows {
+                read: seq.read.map(|slot| row_at(slot, 0).cast_const()),
+                write: write.map(|slot| row_at(slot, 0)),
+                row_stride,
+                // The next task is usually the next head of this slot.
+                next_head: seq
+                    .read
+                    .filter(|_| h + 1 < args.heads)
+                    .map(|slot| st.at(&[slot, h + 1, 0, 0]).cast_const()),
+                decays: (t.d, true),
+                k: t.k,
+                q: t.r,
+                c: v,
+                second: Some((t.b, &*sa)),
+            };
+            update.run::<S>(o);
+        } else {
+            let columns = StateColumns {
+                dot: t.a,
+                decays: (t.d, true),
+                k: t.k,
+                k2: Some(t.b),
+                q: t.r,
+            };
+            let row_bytes = kd * size_of::<St>();
+            for (j, (oj, &vj)) in o.iter_mut().zip(v).enumerate() {
+                let src = seq.read.map(|slot| row_at(slot, j).cast_const());
+                let dst = write.map(|slot| row_at(slot, j));
+                if let (Some(slot), true) = (seq.read, j + DECODE_PREFETCH_ROWS < vd) {
+                    prefetch(row_at(slot, j + DECODE_PREFETCH_ROWS).cast(), row_bytes);
+                }
+                let terms = &Terms { vj };
+                *oj = match (src, dst) {
+                    (Some(src), Some(dst)) => columns.update::<S, St, true, true>(src, dst, terms),
+                    (Some(src), None) => {
+                        columns.update::<S, St, true, false>(src, dst_none(), terms)
+                    }
+                    (None, Some(dst)) => {
+                        columns.update::<S, St, false, true>(src_none(), dst, terms)
+                    }
+                    (None, None) => {
+                        columns.update::<S, St, false, false>(src_none(), dst_none(), terms)
+                    }
+                };
+            }
+        }
+        // A checkpoint of a decode is its final state: the rows as just stored, bit for bit.
+        if let Some(slot) = write {
+            for cp in &seq.checkpoints {
+                for i in 0..rows {
+                    std::ptr::copy_nonoverlapping(row_at(slot, i), row_at(cp.slot, i), row_elems);
+                }
+            }
+        }
+        let out = &args.out;
+        store_row_simd::<S>(out.at(&[seq.start, h]), out.dtype, out.strides[2], o);
+    }
+    true
+}
+
+/// RWKV-7's two rank-1 terms of column `j`: `k v_j` and `b sa_j`, `sa_j = a . S[j]`.
+struct Terms {
+    vj: f32,
+}
+
+impl ColumnTerms for Terms {
+    #[inline(always)]
+    fn terms(&self, sa: f32) -> (f32, f32) {
+        (self.vj, sa)
+    }
+}

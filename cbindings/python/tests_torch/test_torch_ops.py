@@ -417,6 +417,44 @@ class Dplr(unittest.TestCase):
                 close(self, o1, want, dtype, "decode", scale=2)
                 torch.testing.assert_close(state[2], s2.float(), rtol=1e-5, atol=1e-5)
 
+    def test_matches_flash_linear_attention_reference(self):
+        """The cross-check of this file's oracle and of ssmk against another implementation:
+        flash-linear-attention's own DPLR recurrence (fla-core's ``dplr/naive.py``, plain torch,
+        loaded by path so that no Triton kernel is imported), 2 sequences of 48 tokens from
+        random states, RWKV-7's inputs, fla's fixed scale ``K ** -0.5``."""
+        import importlib.util
+
+        spec = importlib.util.find_spec("fla")
+        if spec is None:
+            self.skipTest("fla-core is not installed")
+        path = os.path.join(os.path.dirname(spec.origin), "ops", "generalized_delta_rule", "dplr",
+                            "naive.py")
+        naive_spec = importlib.util.spec_from_file_location("fla_dplr_naive", path)
+        naive = importlib.util.module_from_spec(naive_spec)
+        naive_spec.loader.exec_module(naive)
+        B, T, H, K, V = 2, 48, self.H, 32, 24
+        r, k, v = randn(B, T, H, K, seed=60), randn(B, T, H, K, seed=61, scale=0.3), randn(B, T, H, V, seed=62)
+        kk = torch.nn.functional.normalize(randn(B, T, H, K, seed=63), dim=-1)
+        a, b = -kk, kk * torch.rand(B, T, H, K, generator=gen(64))
+        w = -torch.rand(B, T, H, K, generator=gen(65)) * 0.6 - 0.01
+        s0 = randn(B, H, K, V, seed=66, scale=0.1)
+        heads_first = [x.transpose(1, 2) for x in (r, k, v, a, b, w)]
+        fla_out, fla_state = naive.dplr_recurrence(*heads_first[:3], heads_first[3], heads_first[4],
+                                                   heads_first[5], initial_state=s0.clone())
+        fla_out = fla_out.transpose(1, 2)
+        scale = K ** -0.5
+        state = s0.clone()
+        flat = [x.reshape(B * T, H, -1) for x in (r, w, k, v, a, b)]
+        cu = torch.tensor([0, T, 2 * T], dtype=torch.int32)
+        out = st.dplr_delta_rule(flat[0], flat[1], flat[2], flat[3], flat[4], flat[5], scale, state, cu,
+                                 torch.arange(B), torch.ones(B, dtype=torch.bool))
+        torch.testing.assert_close(out.reshape(B, T, H, V), fla_out, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(state, fla_state, rtol=1e-4, atol=1e-4)
+        for seq in range(B):
+            want, s1 = ref_dplr(r[seq] * scale, w[seq], k[seq], v[seq], a[seq], b[seq], s0[seq], False)
+            torch.testing.assert_close(want.float(), fla_out[seq], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(s1.float(), fla_state[seq], rtol=1e-4, atol=1e-4)
+
 
 class Mamba2(unittest.TestCase):
     NH, P, G, N = 4, 8, 2, 16

@@ -8,8 +8,9 @@
 // so it checks both at load and refuses to register on any other build.
 //
 // Environment: SSMK_GGML_OPS=none or a comma list of conv,scan,gdn,wkv7 (default: all) chooses the ops
-// it claims, for A/B runs in an unchanged setup. SSMK_POOL=openmp runs ssmk on ggml's thread count
-// (ggml's OpenMP team); without it ssmk runs on the calling thread.
+// it claims, for A/B runs in an unchanged setup. SSMK_GGML_DECODES=all also claims the one-token
+// steps it leaves to ggml by default (see decode_left_to_cpu). SSMK_POOL=openmp runs ssmk on
+// ggml's thread count (ggml's OpenMP team); without it ssmk runs on the calling thread.
 
 #include "ggml-backend-impl.h"
 #include "ggml.h"
@@ -532,12 +533,34 @@ ggml_backend_buffer_t device_buffer_from_host_ptr(ggml_backend_dev_t, void * ptr
     return ggml_backend_cpu_buffer_from_ptr(ptr, size);
 }
 
+// One-token steps (every sequence one token) that ggml's CPU backend computes faster than this
+// backend, measured by ssmk-op-bench (1 thread, Zen 3): SSM_CONV 0.43x, Mamba-2 SSM_SCAN 0.52x,
+// RWKV_WKV7 0.55x. These ops are out of place, so the backend first copies each state (or
+// transposes the conv window), as many bytes as the update itself moves, where ggml reads the old
+// state and writes the new one in one pass. Left to ggml, a decode graph also has fewer splits.
+// Mamba-1 SSM_SCAN (2x) and GATED_DELTA_NET (1.1x) stay. SSMK_GGML_DECODES=all claims them too.
+bool decode_left_to_cpu(const ggml_tensor * op) {
+    static const bool claim_all = [] {
+        const char * env = std::getenv("SSMK_GGML_DECODES");
+        return env != nullptr && std::strcmp(env, "all") == 0;
+    }();
+    if (claim_all) {
+        return false;
+    }
+    switch (op->op) {
+        case GGML_OP_SSM_CONV: return op->ne[1] == 1;
+        case GGML_OP_SSM_SCAN: return op->src[1]->ne[2] == 1 && op->src[3]->ne[0] == 1;
+        case GGML_OP_RWKV_WKV7: return op->src[2]->ne[2] == op->src[6]->ne[1];
+        default: return false;
+    }
+}
+
 // Called with 0-byte dummy buffers while the model loads: decides on shapes and types only.
 bool device_supports_op(ggml_backend_dev_t, const ggml_tensor * op) {
     if (is_view(op)) {
         return true;
     }
-    if (op->type != GGML_TYPE_F32) {
+    if (op->type != GGML_TYPE_F32 || decode_left_to_cpu(op)) {
         return false;
     }
     switch (op->op) {

@@ -1,0 +1,141 @@
+"""ssmk's Gated DeltaNet against vLLM's CPU GDN ops, side by side in one process (run locally, not in CI).
+
+The rows of vLLM's CPU GDN layer (``gdn_attention.py``), Qwen3-Next / Qwen3.5 heads (16 q/k heads,
+32 v heads of 128), q/k/v bf16, state f32:
+
+* prefill 1x2048 and 4x512 from existing states: ``torch.ops._C.chunk_gated_delta_rule_cpu``
+  (vLLM's gates from ``fused_gdn_gating_cpu``, q/k l2-normalised in the kernel) against
+  ``ssmk.torch.gated_delta_rule`` on the same gates;
+* decode B = 64 (and B = 1): ``torch.ops._C.fused_sigmoid_gating_delta_rule_update_cpu`` (gates
+  fused) against ``ssmk.torch.gdn_gating`` + ``gated_delta_rule``, beside a same-run in-place
+  read-modify-write pass over the same state bytes (the bound of an in-place update);
+
+outputs and final states compared (max abs difference), then timed: best of ``--reps`` rounds,
+the contenders in turn, each timed call after an untimed one (see ``vllm_mamba2.best_ms``), for
+each thread count of ``--threads`` (torch's OpenMP pool and ssmk's context alike).
+
+Setup as in ``vllm_mamba2.py`` (vLLM's ``_C_AVX2.abi3.so`` by default; ``--vllm-lib default``
+loads ``_C.abi3.so``, which needs AVX512-BF16)::
+
+    SSMK_LIBRARY=target/release/libssmk.so /tmp/vllmenv/bin/python cbindings/python/bench/vllm_gdn.py
+"""
+
+import argparse
+import os
+import sys
+
+_threads_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--threads=")), None)
+if _threads_arg is None and "--threads" in sys.argv[:-1]:
+    _threads_arg = sys.argv[sys.argv.index("--threads") + 1]
+os.environ.setdefault("OMP_NUM_THREADS", str(max(int(t) for t in (_threads_arg or "1").split(","))))
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vllm_mamba2 import best_ms, cpu_model, load_vllm  # noqa: E402
+
+import ssmk  # noqa: E402
+import ssmk.torch as st  # noqa: E402
+
+H, HV, D = 16, 32, 128
+
+
+def inputs(lens, seed):
+    """q, k [T,H,D], v [T,HV,D], the raw gates a, b [T,HV] and A_log, dt_bias [HV] bf16; a state pool
+    of len(lens)+1 slots [S,HV,D,D] f32 (slot b holds sequence b's state); cu_seqlens, indices."""
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    r = lambda *s, scale=1.0: torch.randn(*s, generator=g) * scale
+    q, k, v = r(T, H, D).bfloat16(), r(T, H, D).bfloat16(), r(T, HV, D, scale=0.5).bfloat16()
+    a, b = r(T, HV).bfloat16(), r(T, HV).bfloat16()
+    A_log, dt_bias = (torch.rand(HV, generator=g) * 2 - 1).bfloat16(), r(HV, scale=0.5).bfloat16()
+    pool = r(len(lens) + 1, HV, D, D, scale=0.05)
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    idx = torch.arange(len(lens), dtype=torch.int32)
+    return q, k, v, a, b, A_log, dt_bias, pool, cu, idx
+
+
+def max_diff(x, y):
+    return (x.double() - y.double()).abs().max().item()
+
+
+def prefill_row(lens, threads, reps, seed):
+    q, k, v, a, b, A_log, dt_bias, pool0, cu, idx = inputs(lens, seed)
+    g, beta = torch.ops._C.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    g, beta = g.reshape(-1, HV), beta.reshape(-1, HV)
+    pools = {"vllm": pool0.clone(), "ssmk": pool0.clone()}
+    has = torch.ones(len(lens), dtype=torch.bool)
+
+    def vllm():
+        out, _ = torch.ops._C.chunk_gated_delta_rule_cpu(
+            q[None], k[None], v[None], g[None], beta[None], pools["vllm"], True, cu, False, True,
+            idx, 1e-6)
+        return out
+
+    def ssmk_():
+        return st.gated_delta_rule(q, k, v, g, beta, None, pools["ssmk"], cu, idx, has,
+                                   qk_l2norm=True, num_threads=threads)
+
+    o_v, o_s = vllm().reshape(-1, HV, D), ssmk_()
+    diffs = (max_diff(o_s, o_v), max_diff(pools["ssmk"], pools["vllm"]))
+    times = best_ms({"vllm": vllm, "ssmk": ssmk_}, reps)
+    return times, diffs, None
+
+
+def decode_row(batch, threads, reps, seed):
+    q, k, v, a, b, A_log, dt_bias, pool0, cu, idx = inputs([1] * batch, seed)
+    pools = {"vllm": pool0.clone(), "ssmk": pool0.clone(), "rmw": pool0.clone()}
+    has = torch.ones(batch, dtype=torch.bool)
+    live = pools["rmw"][:batch]
+
+    def vllm():
+        return torch.ops._C.fused_sigmoid_gating_delta_rule_update_cpu(
+            A_log, dt_bias, q[None], k[None], v[None], a, b, pools["vllm"], idx, cu, True,
+            1.0, 20.0)
+
+    def ssmk_():
+        g, beta = st.gdn_gating(A_log, a, b, dt_bias, num_threads=threads)
+        return st.gated_delta_rule(q, k, v, g, beta, None, pools["ssmk"], cu, idx, has,
+                                   qk_l2norm=True, num_threads=threads)
+
+    def rmw():
+        live.mul_(0.999)  # reads and writes each state byte once, in place
+
+    o_v, o_s = vllm().reshape(-1, HV, D), ssmk_()
+    diffs = (max_diff(o_s, o_v), max_diff(pools["ssmk"], pools["vllm"]))
+    times = best_ms({"vllm": vllm, "ssmk": ssmk_, "rmw": rmw}, reps)
+    return times, diffs, times["rmw"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--vllm-lib", default="avx2")
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    path = load_vllm(args.vllm_lib)
+    print(f"cpu: {cpu_model()}; torch {torch.__version__}; vllm lib {os.path.basename(path)}; "
+          f"ssmk {ssmk.version()} isa {ssmk.active_isa()}")
+    print("| row | threads | vLLM ms | ssmk ms | ssmk faster by | in-place rmw ms | ssmk vs rmw "
+          "| max diff out / state |")
+    print("|---|---|---|---|---|---|---|---|")
+    load0 = os.getloadavg()[0]
+    # As vLLM runs models: no autograd, so ssmk.torch calls the library directly.
+    torch.set_grad_enabled(False)
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        rows = [("GDN prefill 1x2048", prefill_row, [2048]), ("GDN prefill 4x512", prefill_row, [512] * 4),
+                ("GDN decode B=64", decode_row, 64), ("GDN decode B=1", decode_row, 1)]
+        for i, (name, fn, shape) in enumerate(rows):
+            times, (d_out, d_state), bound = fn(shape, threads, args.reps, seed=i)
+            rmw = "-" if bound is None else f"{bound:.3f}"
+            vs = "-" if bound is None else f"{bound / times['ssmk']:.2f}x"
+            print(f"| {name} | {threads} | {times['vllm']:.3f} | {times['ssmk']:.3f} | "
+                  f"{times['vllm'] / times['ssmk']:.2f}x | {rmw} | {vs} | {d_out:.1e} / {d_state:.1e} |",
+                  flush=True)
+    load1 = os.getloadavg()[0]
+    print(f"\nload average (1 min) at start {load0:.2f}, at end {load1:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,8 @@
 //!   pins of `cbindings/python/tests_e2e/requirements.txt` and reused while they are installed;
 //!   each further release of `requirements-transformers-*.txt` is installed without its
 //!   dependencies into a directory of its own inside the venv (`transformers-<version>`, put first
-//!   on `PYTHONPATH` for its run: one torch for all of them); the fresh venv
+//!   on `PYTHONPATH` for its run: one torch for all of them), and the reference implementations of
+//!   `tests_torch/requirements-reference.txt` into `tests-torch-references`; the fresh venv
 //!   (`target/py-fresh`) is recreated every run. Each step prints what it runs and how long it took.
 //! - The wheel's cargo build uses its own target directory (`target/py-cargo`, or
 //!   `$SSMK_PY_CARGO_TARGET_DIR`): a nested cargo must not touch the directory of the `cargo test`
@@ -38,6 +39,9 @@ const TORCH_TEST_DIRS: [&str; 2] = [
     "cbindings/python/tests_torch",
     "cbindings/python/tests_rwkv",
 ];
+/// Pins of the reference implementations `tests_torch` cross-checks against, installed into a
+/// directory of their own (on `PYTHONPATH` for that run only).
+const TORCH_TEST_REFERENCES: &str = "cbindings/python/tests_torch/requirements-reference.txt";
 /// The transformers hook end to end on tiny random-weight models (no downloads), run once per
 /// transformers release.
 const E2E_TEST_DIR: &str = "cbindings/python/tests_e2e";
@@ -182,33 +186,32 @@ fn torch_venv(python: &str) -> PathBuf {
     venv
 }
 
-/// The directory holding `requirement` (a transformers release) for the torch venv's python,
-/// installed without dependencies on first use and reused while its marker says so.
-fn transformers_dir(venv: &Path, version: &str, requirement: &str) -> PathBuf {
-    let dir = venv.join(format!("transformers-{version}"));
+/// The directory `venv/name` holding `requirements` (a transformers release, or the references of
+/// `tests_torch`) for the torch venv's python, installed without dependencies on first use and
+/// reused while its marker says so.
+fn packages_dir(venv: &Path, name: &str, requirements: &[String]) -> PathBuf {
+    let dir = venv.join(name);
     let marker = dir.join("ssmk-requirement.txt");
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == requirement) {
+    let wanted = requirements.join(" ");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
         println!("== python package: reusing {}", dir.display());
         return dir;
     }
-    step(
-        &format!("install {requirement} into {}", dir.display()),
-        || {
-            let _ = std::fs::remove_dir_all(&dir);
-            let mut cmd = python_cmd(
-                &venv_python(venv),
-                &["-m", "pip", "install", "-q", "--no-deps", "--target"],
-            );
-            cmd.arg(&dir).arg(requirement);
-            run(cmd, "pip install a transformers release");
-        },
-    );
-    std::fs::write(&marker, requirement).unwrap();
+    step(&format!("install {wanted} into {}", dir.display()), || {
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cmd = python_cmd(
+            &venv_python(venv),
+            &["-m", "pip", "install", "-q", "--no-deps", "--target"],
+        );
+        cmd.arg(&dir).args(requirements);
+        run(cmd, "pip install into a directory of its own");
+    });
+    std::fs::write(&marker, wanted).unwrap();
     dir
 }
 
 /// Runs `python -m unittest discover` on a test directory in the torch venv; `path` goes first on
-/// `PYTHONPATH` (another transformers release).
+/// `PYTHONPATH` (another transformers release, or the references of `tests_torch`).
 fn run_tests(torch_py: &Path, dir: &str, path: Option<&Path>, scratch: &Path) {
     let mut cmd = python_cmd(torch_py, &["-m", "unittest", "discover", "-v", "-s"]);
     // The tests build their models from configs: nothing may be fetched.
@@ -356,10 +359,14 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
     // end-to-end tests on the venv's transformers and on each further release.
     let mut runs: Vec<Box<dyn FnOnce() + Send + '_>> = Vec::new();
     for dir in TORCH_TEST_DIRS {
-        let (torch_py, scratch) = (&torch_py, &scratch);
+        let (torch_venv, torch_py, scratch) = (&torch_venv, &torch_py, &scratch);
         runs.push(Box::new(move || {
+            let references = (dir == "cbindings/python/tests_torch").then(|| {
+                let pins = requirements(&repo().join(TORCH_TEST_REFERENCES));
+                packages_dir(torch_venv, "tests-torch-references", &pins)
+            });
             step(&format!("run {dir}"), || {
-                run_tests(torch_py, dir, None, scratch)
+                run_tests(torch_py, dir, references.as_deref(), scratch)
             })
         }));
     }
@@ -372,7 +379,11 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
     for (version, requirement) in extra_transformers() {
         let (torch_venv, torch_py, scratch) = (&torch_venv, &torch_py, &scratch);
         runs.push(Box::new(move || {
-            let dir = transformers_dir(torch_venv, &version, &requirement);
+            let dir = packages_dir(
+                torch_venv,
+                &format!("transformers-{version}"),
+                std::slice::from_ref(&requirement),
+            );
             let mut cmd = python_cmd(
                 torch_py,
                 &["-c", "import transformers; print(transformers.__version__)"],

@@ -10,11 +10,35 @@
 //! each stored row is one column of `S`, whose sum, update and output need that row alone
 //! ([`StateColumns`]): one pass.
 
+use crate::kernels::Sequence;
 use crate::kernels::simd::{Simd, SimdElement};
 use crate::kernels::strided::{prefetch, prefetch_l2};
 
 /// State rows ahead that a decode's first pass prefetches (4 KiB of an f32 row of 128).
 pub(crate) const DECODE_PREFETCH_ROWS: usize = 8;
+
+/// A checkpoint of a decode is its final state: copies the `rows` rows of `row_len` values just
+/// stored to slot `written` (`row(slot, i)`: row `i` of a slot) to every checkpoint slot of `seq`,
+/// bit for bit.
+///
+/// # Safety
+/// `row` addresses `row_len` valid values for every slot and row; the slots do not overlap.
+pub(crate) unsafe fn copy_to_checkpoints<St>(
+    seq: &Sequence,
+    written: Option<usize>,
+    rows: usize,
+    row_len: usize,
+    row: impl Fn(usize, usize) -> *mut St,
+) {
+    let Some(slot) = written else {
+        return;
+    };
+    for cp in &seq.checkpoints {
+        for i in 0..rows {
+            unsafe { std::ptr::copy_nonoverlapping(row(slot, i), row(cp.slot, i), row_len) };
+        }
+    }
+}
 
 pub(crate) fn src_none<St>() -> *const St {
     std::ptr::null()

@@ -31,6 +31,18 @@ pub enum StateWrite {
     PerToken(Vec<Option<usize>>),
 }
 
+impl StateWrite {
+    /// The slot the state after the sequence's first token goes to: a one-token sequence's only
+    /// write.
+    pub fn after_first_token(&self) -> Option<usize> {
+        match self {
+            StateWrite::Nothing => None,
+            StateWrite::Final(slot) => Some(*slot),
+            StateWrite::PerToken(slots) => slots[0],
+        }
+    }
+}
+
 /// A state checkpoint inside a prefill (ABI.md §4.10): the state after the sequence's first
 /// `after` tokens (`1..=len`) goes to `slot` as well.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

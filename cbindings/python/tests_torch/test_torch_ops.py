@@ -420,8 +420,9 @@ class Dplr(unittest.TestCase):
     def test_matches_flash_linear_attention_reference(self):
         """The cross-check of this file's oracle and of ssmk against another implementation:
         flash-linear-attention's own DPLR recurrence (fla-core's ``dplr/naive.py``, plain torch,
-        loaded by path so that no Triton kernel is imported), 2 sequences of 48 tokens from
-        random states, RWKV-7's inputs, fla's fixed scale ``K ** -0.5``."""
+        loaded by path so that no Triton kernel is imported; tests/python_package.rs puts it on
+        PYTHONPATH for this run), 2 sequences of 48 tokens from random states, RWKV-7's inputs,
+        fla's fixed scale ``K ** -0.5``."""
         import importlib.util
 
         spec = importlib.util.find_spec("fla")

@@ -10,13 +10,14 @@
 
 use super::DplrRule;
 use super::recurrent::{load_token, split_token, token_floats};
+use crate::kernels::Sequence;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::decode_rows::{
-    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, dst_none, src_none,
+    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, copy_to_checkpoints,
+    dst_none, src_none,
 };
 use crate::kernels::simd::{Simd, SimdElement, store_row_simd};
 use crate::kernels::strided::prefetch;
-use crate::kernels::{Sequence, StateWrite};
 
 /// Runs a one-token sequence on a state of dtype `St` whose rows are contiguous along K or V.
 /// Returns false (nothing done) for anything else, which the blocked recurrence then runs.
@@ -32,11 +33,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, 
     if seq.len != 1 || st.dtype != St::DTYPE || !(v_contiguous || st.strides[2] == 1) {
         return false;
     }
-    let write = match &seq.write {
-        StateWrite::Final(slot) => Some(*slot),
-        StateWrite::PerToken(slots) => slots[0],
-        StateWrite::Nothing => None,
-    };
+    let write = seq.write.after_first_token();
     let (kd, vd) = (args.k_dim, args.v_dim);
     let row_len = token_floats(kd, vd);
     let mut buf = TaskBuffer::take(row_len + 2 * vd);
@@ -110,14 +107,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, 
                 };
             }
         }
-        // A checkpoint of a decode is its final state: the rows as just stored, bit for bit.
-        if let Some(slot) = write {
-            for cp in &seq.checkpoints {
-                for i in 0..rows {
-                    std::ptr::copy_nonoverlapping(row_at(slot, i), row_at(cp.slot, i), row_elems);
-                }
-            }
-        }
+        copy_to_checkpoints(seq, write, rows, row_elems, row_at);
         let out = &args.out;
         store_row_simd::<S>(out.at(&[seq.start, h]), out.dtype, out.strides[2], o);
     }

@@ -10,7 +10,8 @@
 use super::{DeltaRule, Sequence, StateWrite, load_row, store_row};
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::decode_rows::{
-    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, dst_none, src_none,
+    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, copy_to_checkpoints,
+    dst_none, src_none,
 };
 use crate::kernels::simd::{Simd, SimdElement, exp_into};
 use crate::kernels::state_blocks::HeadStates;
@@ -288,11 +289,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     if seq.len != 1 || st.strides[3] != 1 || st.dtype != St::DTYPE {
         return false;
     }
-    let write = match &seq.write {
-        StateWrite::Final(slot) => Some(*slot),
-        StateWrite::PerToken(slots) => slots[0],
-        StateWrite::Nothing => None,
-    };
+    let write = seq.write.after_first_token();
     let (kd, vd) = (args.k_dim, args.v_dim);
     let mut tokens = unsafe { load_tokens::<S>(args, seq, hv, 2 * vd + kd) };
     let (t, scratch) = tokens.split();
@@ -344,14 +341,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     };
     unsafe {
         rows.run::<S>(o);
-        // A checkpoint of a decode is its final state: the rows as just stored, bit for bit.
-        if let Some(slot) = write {
-            for cp in &seq.checkpoints {
-                for r in 0..kd {
-                    std::ptr::copy_nonoverlapping(row(slot, r), row(cp.slot, r), vd);
-                }
-            }
-        }
+        copy_to_checkpoints(seq, write, kd, vd, row);
         let out = &args.out;
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
     }
@@ -378,11 +368,7 @@ pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
     if seq.len != 1 || st.strides[2] != 1 || st.dtype != St::DTYPE {
         return false;
     }
-    let write = match &seq.write {
-        StateWrite::Final(slot) => Some(*slot),
-        StateWrite::PerToken(slots) => slots[0],
-        StateWrite::Nothing => None,
-    };
+    let write = seq.write.after_first_token();
     let (kd, vd) = (args.k_dim, args.v_dim);
     let mut tokens = unsafe { load_tokens::<S>(args, seq, hv, vd + kd) };
     let (t, scratch) = tokens.split();
@@ -427,14 +413,7 @@ pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
         };
     }
     unsafe {
-        // A checkpoint of a decode is its final state: the rows as just stored, bit for bit.
-        if let Some(slot) = write {
-            for cp in &seq.checkpoints {
-                for j in 0..vd {
-                    std::ptr::copy_nonoverlapping(row(slot, j), row(cp.slot, j), kd);
-                }
-            }
-        }
+        copy_to_checkpoints(seq, write, vd, kd, row);
         let out = &args.out;
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
     }

@@ -386,25 +386,17 @@ bool compute_rwkv_wkv7(BackendContext & ctx, ggml_tensor * dst) {
     if (T == 0) {
         return true;
     }
-    std::vector<int32_t> cu_seqlens(n + 1), slots(n), has_state(n, 1);
-    for (int64_t s = 0; s <= n; ++s) {
-        cu_seqlens[s] = (int32_t) (s * (T / n));
-    }
-    for (int64_t s = 0; s < n; ++s) {
-        slots[s] = (int32_t) s;
-    }
+    const SequenceTables tables(n, T / n, 1);
+    SequenceViews seqs(tables, 0, n, 1);
     auto token_rows = [&](const ggml_tensor * t) { return View(t->data, kF32, {{T, H * S}, {H, S}, {S, 1}}); };
     View r = token_rows(dst->src[0]), w = token_rows(dst->src[1]), k = token_rows(dst->src[2]),
          v = token_rows(dst->src[3]), a = token_rows(dst->src[4]), b = token_rows(dst->src[5]);
     View out(dst->data, kF32, {{T, H * S}, {H, S}, {S, 1}});
     // [slot][h][k][v] with k contiguous.
     View pool(states, kF32, {{n, H * S * S}, {H, S * S}, {S, 1}, {S, S}});
-    View cu(cu_seqlens.data(), kI32, {{n + 1, 1}});
-    View slot(slots.data(), kI32, {{n, 1}});
-    View has(has_state.data(), kI32, {{n, 1}});
     return check(ssmk_dplr_delta_rule(ctx.context(), r.get(), w.get(), k.get(), v.get(), a.get(), b.get(), 1.0f,
-                                      pool.get(), cu.get(), slot.get(), has.get(), nullptr, SSMK_DPLR_W_LINEAR, -1,
-                                      out.get(), nullptr, nullptr),
+                                      pool.get(), seqs.cu_seqlens.get(), seqs.slots.get(), seqs.has_state.get(),
+                                      nullptr, SSMK_DPLR_W_LINEAR, -1, out.get(), nullptr, nullptr),
                  dst);
 }
 

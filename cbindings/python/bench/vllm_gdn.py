@@ -24,15 +24,11 @@ import argparse
 import os
 import sys
 
-_threads_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--threads=")), None)
-if _threads_arg is None and "--threads" in sys.argv[:-1]:
-    _threads_arg = sys.argv[sys.argv.index("--threads") + 1]
-os.environ.setdefault("OMP_NUM_THREADS", str(max(int(t) for t in (_threads_arg or "1").split(","))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# First: vllm_mamba2 sizes torch's OpenMP pool from --threads before torch starts it.
+from vllm_mamba2 import best_ms, cpu_model, load_vllm  # noqa: E402
 
 import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vllm_mamba2 import best_ms, cpu_model, load_vllm  # noqa: E402
 
 import ssmk  # noqa: E402
 import ssmk.torch as st  # noqa: E402

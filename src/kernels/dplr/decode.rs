@@ -12,12 +12,8 @@ use super::DplrRule;
 use super::recurrent::{load_token, split_token, token_floats};
 use crate::kernels::Sequence;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::decode_rows::{
-    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, copy_to_checkpoints,
-    dst_none, src_none,
-};
+use crate::kernels::decode_rows::{ColumnTerms, StateColumns, StateRows, copy_to_checkpoints};
 use crate::kernels::simd::{Simd, SimdElement, store_row_simd};
-use crate::kernels::strided::prefetch;
 
 /// Runs a one-token sequence on a state of dtype `St` whose rows are contiguous along K or V.
 /// Returns false (nothing done) for anything else, which the blocked recurrence then runs.
@@ -36,76 +32,53 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, 
     let write = seq.write.after_first_token();
     let (kd, vd) = (args.k_dim, args.v_dim);
     let row_len = token_floats(kd, vd);
-    let mut buf = TaskBuffer::take(row_len + 2 * vd);
-    let (row, rest) = buf.split_at_mut(row_len);
-    let (o, sa) = rest.split_at_mut(vd);
+    let mut buf = TaskBuffer::take(row_len + vd);
+    let (row, o) = buf.split_at_mut(row_len);
     unsafe { load_token::<S>(args, seq.start, h, row) };
     let t = split_token(row, kd);
-    let v = &t.v[..vd];
     // The state's contiguous rows: `[k][v]` row `x` (V values), or `[v][k]` row `j` (K values).
-    let (rows, row_elems, row_stride) = match v_contiguous {
-        true => (kd, vd, st.strides[2]),
-        false => (vd, kd, st.strides[3]),
+    let (rows, row_elems) = match v_contiguous {
+        true => (kd, vd),
+        false => (vd, kd),
     };
     let row_at = |slot: usize, i: usize| match v_contiguous {
         true => st.at(&[slot, h, i, 0]).cast::<St>(),
         false => st.at(&[slot, h, 0, i]).cast::<St>(),
     };
+    let (read, write_to) = (
+        seq.read.map(|slot| row_at(slot, 0).cast_const()),
+        write.map(|slot| row_at(slot, 0)),
+    );
+    let terms = &Terms { v: &t.v[..vd] };
     unsafe {
-        if v_contiguous {
-            if let Some(slot) = seq.read {
-                let old = OldRows {
-                    row0: row_at(slot, 0).cast_const(),
-                    row_stride,
-                    x: t.a,
-                };
-                old.column_sums::<S>(sa);
-            }
-            let update = UpdateRows {
-                read: seq.read.map(|slot| row_at(slot, 0).cast_const()),
-                write: write.map(|slot| row_at(slot, 0)),
-                row_stride,
-                // The next task is usually the next head of this slot.
-                next_head: seq
-                    .read
-                    .filter(|_| h + 1 < args.heads)
-                    .map(|slot| st.at(&[slot, h + 1, 0, 0]).cast_const()),
+        match v_contiguous {
+            true => StateRows {
+                read,
+                write: write_to,
+                row_stride: st.strides[2],
+                x: t.a,
                 decays: (t.d, true),
                 k: t.k,
+                k2: Some(t.b),
                 q: t.r,
-                c: v,
-                second: Some((t.b, &*sa)),
-            };
-            update.run::<S>(o);
-        } else {
-            let columns = StateColumns {
+                // The next task is usually the next head of this slot.
+                next: seq
+                    .read
+                    .filter(|_| h + 1 < args.heads)
+                    .map(|slot| st.at(&[slot, h + 1, 0, 0]).cast::<St>().cast_const()),
+            }
+            .run::<S>(terms, o),
+            false => StateColumns {
+                read,
+                write: write_to,
+                row_stride: st.strides[3],
                 dot: t.a,
                 decays: (t.d, true),
                 k: t.k,
                 k2: Some(t.b),
                 q: t.r,
-            };
-            let row_bytes = kd * size_of::<St>();
-            for (j, (oj, &vj)) in o.iter_mut().zip(v).enumerate() {
-                let src = seq.read.map(|slot| row_at(slot, j).cast_const());
-                let dst = write.map(|slot| row_at(slot, j));
-                if let (Some(slot), true) = (seq.read, j + DECODE_PREFETCH_ROWS < vd) {
-                    prefetch(row_at(slot, j + DECODE_PREFETCH_ROWS).cast(), row_bytes);
-                }
-                let terms = &Terms { vj };
-                *oj = match (src, dst) {
-                    (Some(src), Some(dst)) => columns.update::<S, St, true, true>(src, dst, terms),
-                    (Some(src), None) => {
-                        columns.update::<S, St, true, false>(src, dst_none(), terms)
-                    }
-                    (None, Some(dst)) => {
-                        columns.update::<S, St, false, true>(src_none(), dst, terms)
-                    }
-                    (None, None) => {
-                        columns.update::<S, St, false, false>(src_none(), dst_none(), terms)
-                    }
-                };
             }
+            .run::<S>(terms, o),
         }
         copy_to_checkpoints(seq, write, rows, row_elems, row_at);
         let out = &args.out;
@@ -115,13 +88,13 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, 
 }
 
 /// RWKV-7's two rank-1 terms of column `j`: `k v_j` and `b sa_j`, `sa_j = a . S[j]`.
-struct Terms {
-    vj: f32,
+struct Terms<'a> {
+    v: &'a [f32],
 }
 
-impl ColumnTerms for Terms {
+impl ColumnTerms for Terms<'_> {
     #[inline(always)]
-    fn terms(&self, sa: f32) -> (f32, f32) {
-        (self.vj, sa)
+    fn terms(&self, j: usize, sa: f32) -> (f32, f32) {
+        (self.v[j], sa)
     }
 }

@@ -9,10 +9,7 @@
 
 use super::{DeltaRule, Sequence, StateWrite, load_row, store_row};
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::decode_rows::{
-    ColumnTerms, DECODE_PREFETCH_ROWS, OldRows, StateColumns, UpdateRows, copy_to_checkpoints,
-    dst_none, src_none,
-};
+use crate::kernels::decode_rows::{ColumnTerms, StateColumns, StateRows, copy_to_checkpoints};
 use crate::kernels::simd::{Simd, SimdElement, exp_into};
 use crate::kernels::state_blocks::HeadStates;
 
@@ -291,14 +288,13 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
     }
     let write = seq.write.after_first_token();
     let (kd, vd) = (args.k_dim, args.v_dim);
-    let mut tokens = unsafe { load_tokens::<S>(args, seq, hv, 2 * vd + kd) };
+    let mut tokens = unsafe { load_tokens::<S>(args, seq, hv, vd + kd) };
     let (t, scratch) = tokens.split();
-    let (kv, rest) = scratch.split_at_mut(vd);
-    let (delta, rest) = rest.split_at_mut(vd);
+    let (o, rest) = scratch.split_at_mut(vd);
     let scaled_k = &mut rest[..kd];
-    let (q, k, v) = (&t.q[..kd], &t.k[..kd], &t.v[..vd]);
+    let (q, k) = (&t.q[..kd], &t.k[..kd]);
     let (decays, beta) = (t.decay(0, args.per_channel, kd), t.beta[0]);
-    // `kv` sums `S^T (a * k)` per channel, or `a (S^T k)` per head.
+    // The column sums are `S^T (a * k)` per channel, or `a (S^T k)` per head.
     let (kv_k, kv_scale): (&[f32], f32) = match args.per_channel {
         true => {
             for ((sk, &kr), &a) in scaled_k.iter_mut().zip(k).zip(decays) {
@@ -309,38 +305,28 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
         false => (k, decays[0]),
     };
     let row = |slot: usize, r: usize| st.at(&[slot, hv, r, 0]).cast::<St>();
-    if let Some(slot) = seq.read {
-        let old = OldRows {
-            row0: row(slot, 0).cast_const(),
-            row_stride: st.strides[2],
-            x: kv_k,
-        };
-        unsafe { old.column_sums::<S>(kv) };
-    }
-    // delta = beta (v - kv); `kv` is then the output's accumulator.
-    for ((d, &vj), &kvj) in delta.iter_mut().zip(v).zip(kv.iter()) {
-        *d = beta * (vj - kv_scale * kvj);
-    }
-    let o = kv;
-    o.fill(0.0);
-    let rows = UpdateRows {
+    let rows = StateRows {
         read: seq.read.map(|slot| row(slot, 0).cast_const()),
         write: write.map(|slot| row(slot, 0)),
         row_stride: st.strides[2],
-        // The next task is usually the next v-head of this slot: start reading its state while
-        // this pass computes from cache, so memory is never idle between the two.
-        next_head: seq
-            .read
-            .filter(|_| hv + 1 < args.v_heads)
-            .map(|slot| st.at(&[slot, hv + 1, 0, 0]).cast_const()),
+        x: kv_k,
         decays: (decays, args.per_channel),
         k,
+        k2: None,
         q,
-        c: delta,
-        second: None,
+        // The next task is usually the next v-head of this slot.
+        next: seq
+            .read
+            .filter(|_| hv + 1 < args.v_heads)
+            .map(|slot| row(slot, 0).wrapping_add(st.strides[1]).cast_const()),
+    };
+    let delta = &Delta {
+        v: &t.v[..vd],
+        beta,
+        kv_scale,
     };
     unsafe {
-        rows.run::<S>(o);
+        rows.run::<S>(delta, o);
         copy_to_checkpoints(seq, write, kd, vd, row);
         let out = &args.out;
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
@@ -385,34 +371,24 @@ pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
         }
         false => (&t.k[..kd], decays[0]),
     };
+    let row = |slot: usize, j: usize| st.at(&[slot, hv, 0, j]).cast::<St>();
     let columns = StateColumns {
+        read: seq.read.map(|slot| row(slot, 0).cast_const()),
+        write: write.map(|slot| row(slot, 0)),
+        row_stride: st.strides[3],
         dot: kv_k,
         decays: (decays, args.per_channel),
         k: &t.k[..kd],
         k2: None,
         q: &t.q[..kd],
     };
-    let row = |slot: usize, j: usize| st.at(&[slot, hv, 0, j]).cast::<St>();
-    let row_bytes = kd * size_of::<St>();
-    for (j, (oj, &vj)) in o.iter_mut().zip(&t.v[..vd]).enumerate() {
-        let src = seq.read.map(|slot| row(slot, j).cast_const());
-        let dst = write.map(|slot| row(slot, j));
-        if let (Some(slot), true) = (seq.read, j + DECODE_PREFETCH_ROWS < vd) {
-            super::prefetch(row(slot, j + DECODE_PREFETCH_ROWS).cast(), row_bytes);
-        }
-        let delta = &Delta { vj, beta, kv_scale };
-        *oj = unsafe {
-            match (src, dst) {
-                (Some(src), Some(dst)) => columns.update::<S, St, true, true>(src, dst, delta),
-                (Some(src), None) => columns.update::<S, St, true, false>(src, dst_none(), delta),
-                (None, Some(dst)) => columns.update::<S, St, false, true>(src_none(), dst, delta),
-                (None, None) => {
-                    columns.update::<S, St, false, false>(src_none(), dst_none(), delta)
-                }
-            }
-        };
-    }
+    let delta = &Delta {
+        v: &t.v[..vd],
+        beta,
+        kv_scale,
+    };
     unsafe {
+        columns.run::<S>(delta, o);
         copy_to_checkpoints(seq, write, vd, kd, row);
         let out = &args.out;
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
@@ -476,15 +452,15 @@ pub unsafe fn checkpoint_from<S: Simd, St: SimdElement>(
 }
 
 /// The one rank-1 term of a delta-rule column: `delta = beta (v_j - kv_scale kv)`.
-struct Delta {
-    vj: f32,
+struct Delta<'a> {
+    v: &'a [f32],
     beta: f32,
     kv_scale: f32,
 }
 
-impl ColumnTerms for Delta {
+impl ColumnTerms for Delta<'_> {
     #[inline(always)]
-    fn terms(&self, kv: f32) -> (f32, f32) {
-        (self.beta * (self.vj - self.kv_scale * kv), 0.0)
+    fn terms(&self, j: usize, kv: f32) -> (f32, f32) {
+        (self.beta * (self.v[j] - self.kv_scale * kv), 0.0)
     }
 }

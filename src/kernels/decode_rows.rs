@@ -478,8 +478,8 @@ impl<St: SimdElement> StateRows<'_, St> {
         N
     }
 
-    /// The tile of the `N` vectors of columns from `col`: its column sums, their terms, its
-    /// update and its outputs `o[col..]`.
+    /// Pass 2 on the tile of the `N` vectors of columns from `col`: their terms from the column
+    /// sums in `o[col..]`, the update of the tile's rows and its outputs, stored over the sums.
     #[inline(always)]
     unsafe fn tile<
         S: Simd,
@@ -512,7 +512,6 @@ impl<St: SimdElement> StateRows<'_, St> {
                 c[u] = S::load_f32(coefs.as_ptr());
                 c2[u] = S::load_f32(coefs.as_ptr().add(l));
             }
-            // Pass 2: the new rows, from L1.
             let mut acc = [S::zero(); N];
             for (r, (&kr, &qr)) in self.k.iter().zip(self.q).enumerate() {
                 ahead.tick();

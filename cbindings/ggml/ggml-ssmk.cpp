@@ -9,13 +9,16 @@
 //
 // Environment: SSMK_GGML_OPS=none or a comma list of conv,scan,gdn,wkv7 (default: all) chooses the ops
 // it claims, for A/B runs in an unchanged setup. SSMK_GGML_DECODES=all also claims the one-token
-// steps it leaves to ggml by default (see decode_left_to_cpu). SSMK_POOL=openmp runs ssmk on
-// ggml's thread count (ggml's OpenMP team); without it ssmk runs on the calling thread.
+// steps it leaves to ggml by default (see decode_left_to_cpu). SSMK_GGML_IN_PLACE=off keeps the
+// delta rules out of place (see find_cache_rows); SSMK_GGML_VERBOSE=1 prints each in-place update.
+// SSMK_POOL=openmp runs ssmk on ggml's thread count (ggml's OpenMP team); without it ssmk runs on
+// the calling thread.
 
 #include "ggml-backend-impl.h"
 #include "ggml.h"
 #include "ssmk.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -203,6 +206,27 @@ bool supports_ssm_conv(const ggml_tensor * op) {
            c->nb[0] == sizeof(float) && c->ne[0] >= 2 && c->ne[0] <= 8 && ggml_is_contiguous(op);
 }
 
+// ---------------------------------------------------------------- llama.cpp's state cache
+
+// The tensor whose memory `t` views (itself when it is no view).
+const ggml_tensor * storage(const ggml_tensor * t) {
+    while (t->view_src != nullptr) {
+        t = t->view_src;
+    }
+    return t;
+}
+
+// llama.cpp's recurrent cache of one layer as an ssmk state pool: `rows` rows of one state each.
+// When the backend fuses a recurrent op with the copy of its new states into this cache
+// (find_cache_rows), ssmk updates the sequences' rows in place: sequence s in row first + s, its
+// snapshot j in row j*group + first + s.
+struct CacheRows {
+    char * base;
+    int64_t rows;
+    int64_t first;
+    int64_t group;
+};
+
 // ---------------------------------------------------------------- sequence tables
 
 // The op parameter K of SSM_SCAN and GATED_DELTA_NET: how many state rows per sequence they return.
@@ -210,26 +234,31 @@ int64_t snapshot_rows(const ggml_tensor * op) { return ((const int32_t *) op->op
 
 // The tables ssmk takes for S sequences of T tokens each, every one continuing from its state, with
 // the K state rows the recurrent ops return: row 0 the final state, row j the state j tokens before
-// the end (rows older than the call are left alone). The rows form one pool of K*S slots (slot
-// j*S + s): row 0 is the sequence's own slot, rows j >= 1 are ssmk checkpoints after T-j tokens.
+// the end (rows older than the call are left alone). Sequence s keeps its state in pool slot
+// first + s; its row j >= 1 is an ssmk checkpoint after T-j tokens, in slot j*group + first + s.
+// In the op's output the pool is its K*S state rows (first 0, group S); in llama.cpp's cache
+// (CacheRows) it is the whole cache.
 struct SequenceTables {
     std::vector<int32_t> cu_seqlens;  // [S+1]: 0, T, 2T, ...
-    std::vector<int32_t> slots;       // [S]: s
+    std::vector<int32_t> slots;       // [S]: first + s
     std::vector<int32_t> has_state;   // [S]: all true
     std::vector<int32_t> ck_offsets;  // [S, K-1]
     std::vector<int32_t> ck_slots;    // [S, K-1], -1 (no row) where the call is too short
 
-    SequenceTables(int64_t S, int64_t T, int64_t K)
+    SequenceTables(int64_t S, int64_t T, int64_t K, int64_t first = 0, int64_t group = -1)
         : cu_seqlens(S + 1), slots(S), has_state(S, 1), ck_offsets(S * (K - 1)), ck_slots(S * (K - 1)) {
+        if (group < 0) {
+            group = S;
+        }
         for (int64_t s = 0; s <= S; ++s) {
             cu_seqlens[s] = (int32_t) (s * T);
         }
         for (int64_t s = 0; s < S; ++s) {
-            slots[s] = (int32_t) s;
+            slots[s] = (int32_t) (first + s);
             for (int64_t j = 1; j < K; ++j) {
                 const int64_t e = s * (K - 1) + (j - 1);
                 ck_offsets[e] = (int32_t) (T - j);
-                ck_slots[e] = T - j >= 1 ? (int32_t) (j * S + s) : -1;
+                ck_slots[e] = T - j >= 1 ? (int32_t) (j * group + first + s) : -1;
             }
         }
     }
@@ -315,8 +344,9 @@ bool supports_ssm_scan(const ggml_tensor * op) {
 // q, k {S_k, Hk, T, n}; v {S_v, Hv, T, n}; g {1 or S_v, Hv, T, n} (log-decay; per key channel:
 // KDA); beta {1, Hv, T, n}; state {S_v, S_v, Hv, n}, each head stored transposed ([v][k]).
 // dst = attn {S_v, Hv, T, n} then K state rows. v-head h uses q/k head h % Hk (tiled GQA) and
-// scale 1/sqrt(S_v).
-bool compute_gated_delta_net(BackendContext & ctx, ggml_tensor * dst) {
+// scale 1/sqrt(S_v). With `cache`, the states are updated in llama.cpp's cache instead (the
+// output's state rows are left unwritten: only the fused copy read them).
+bool compute_gated_delta_net(BackendContext & ctx, ggml_tensor * dst, const CacheRows * cache) {
     const ggml_tensor * q = dst->src[0];
     const ggml_tensor * k = dst->src[1];
     const ggml_tensor * v = dst->src[2];
@@ -327,11 +357,15 @@ bool compute_gated_delta_net(BackendContext & ctx, ggml_tensor * dst) {
     const int64_t K = snapshot_rows(dst);
     const size_t attn_bytes = Sv * Hv * T * S * sizeof(float);
     const size_t state_bytes = Sv * Sv * Hv * sizeof(float);
-    char * states = at(dst, attn_bytes);
+    char * states = cache != nullptr ? cache->base : at(dst, attn_bytes);
+    const int64_t pool_slots = cache != nullptr ? cache->rows : K * S;
 
-    // The op is out of place: its input states become the output rows ssmk updates.
-    std::memcpy(states, state->data, state_bytes * S);
-    const SequenceTables tables(S, T, K);
+    // Out of place, the op's input states become the output rows ssmk updates.
+    if (cache == nullptr) {
+        std::memcpy(states, state->data, state_bytes * S);
+    }
+    const SequenceTables tables = cache != nullptr ? SequenceTables(S, T, K, cache->first, cache->group)
+                                                   : SequenceTables(S, T, K);
     const bool packed = tokens_packed(q, 3) && tokens_packed(k, 3) && tokens_packed(v, 3);
     const int64_t count = packed ? S : 1;
     for (int64_t first = 0; first < S; first += count) {
@@ -343,7 +377,7 @@ bool compute_gated_delta_net(BackendContext & ctx, ggml_tensor * dst) {
                                 : View(at(g, first * g->nb[3]), kF32, {{n, Hv * Sv}, {Hv, Sv}, {Sv, 1}});
         View betav(at(beta, first * beta->nb[3]), kF32, {{n, Hv}, {Hv, 1}});
         // [slot][hv][k][v] with k contiguous: ggml's transposed heads.
-        View pool(states, kF32, {{K * S, Hv * Sv * Sv}, {Hv, Sv * Sv}, {Sv, 1}, {Sv, Sv}});
+        View pool(states, kF32, {{pool_slots, Hv * Sv * Sv}, {Hv, Sv * Sv}, {Sv, 1}, {Sv, Sv}});
         View out(at(dst, first * T * Hv * Sv * sizeof(float)), kF32, {{n, Hv * Sv}, {Hv, Sv}, {Sv, 1}});
         SequenceViews seqs(tables, first, count, K);
         const int32_t status = ssmk_gated_delta_rule(
@@ -377,23 +411,28 @@ bool supports_gated_delta_net(const ggml_tensor * op) {
 // r, w, k, v, a, b {S, H, T} (w the decay factor itself); state {S*S*H, n} with each head stored
 // [v][k] (k contiguous); the T tokens are n sequences of T/n tokens in order. dst = out {S*H, T}
 // then the n final states. One ssmk_dplr_delta_rule call with SSMK_DPLR_W_LINEAR over the [v][k]
-// view of the output states, which start as a copy of the input states (the op is out of place).
-bool compute_rwkv_wkv7(BackendContext & ctx, ggml_tensor * dst) {
+// view of the output states, which start as a copy of the input states (the op is out of place),
+// or with `cache` over llama.cpp's cache rows, updated in place.
+bool compute_rwkv_wkv7(BackendContext & ctx, ggml_tensor * dst, const CacheRows * cache) {
     const ggml_tensor * state = dst->src[6];
     const int64_t S = dst->src[2]->ne[0], H = dst->src[2]->ne[1], T = dst->src[2]->ne[2], n = state->ne[1];
-    char * states = at(dst, S * H * T * sizeof(float));
-    std::memcpy(states, state->data, ggml_nbytes(state));
+    char * states = cache != nullptr ? cache->base : at(dst, S * H * T * sizeof(float));
+    const int64_t pool_slots = cache != nullptr ? cache->rows : n;
+    if (cache == nullptr) {
+        std::memcpy(states, state->data, ggml_nbytes(state));
+    }
     if (T == 0) {
         return true;
     }
-    const SequenceTables tables(n, T / n, 1);
+    const SequenceTables tables = cache != nullptr ? SequenceTables(n, T / n, 1, cache->first)
+                                                   : SequenceTables(n, T / n, 1);
     SequenceViews seqs(tables, 0, n, 1);
     auto token_rows = [&](const ggml_tensor * t) { return View(t->data, kF32, {{T, H * S}, {H, S}, {S, 1}}); };
     View r = token_rows(dst->src[0]), w = token_rows(dst->src[1]), k = token_rows(dst->src[2]),
          v = token_rows(dst->src[3]), a = token_rows(dst->src[4]), b = token_rows(dst->src[5]);
     View out(dst->data, kF32, {{T, H * S}, {H, S}, {S, 1}});
     // [slot][h][k][v] with k contiguous.
-    View pool(states, kF32, {{n, H * S * S}, {H, S * S}, {S, 1}, {S, S}});
+    View pool(states, kF32, {{pool_slots, H * S * S}, {H, S * S}, {S, 1}, {S, S}});
     return check(ssmk_dplr_delta_rule(ctx.context(), r.get(), w.get(), k.get(), v.get(), a.get(), b.get(), 1.0f,
                                       pool.get(), seqs.cu_seqlens.get(), seqs.slots.get(), seqs.has_state.get(),
                                       nullptr, SSMK_DPLR_W_LINEAR, -1, out.get(), nullptr, nullptr),
@@ -409,14 +448,7 @@ bool supports_rwkv_wkv7(const ggml_tensor * op) {
     return op->src[6]->ne[1] > 0 && ggml_is_contiguous(op);
 }
 
-// ---------------------------------------------------------------- backend
-
-const char * backend_get_name(ggml_backend_t) { return kName; }
-
-void backend_free(ggml_backend_t backend) {
-    delete (BackendContext *) backend->context;
-    delete backend;
-}
+// ---------------------------------------------------------------- the state copy after an op
 
 bool is_view(const ggml_tensor * node) {
     switch (node->op) {
@@ -431,19 +463,155 @@ bool is_view(const ggml_tensor * node) {
     }
 }
 
+
+// llama.cpp gathers a GATED_DELTA_NET or RWKV_WKV7 layer's states from its cache with GET_ROWS
+// (on the CPU backend, earlier in the graph), the op writes the new states after its output, and
+// a CPY puts them back into the cache rows of the ubatch's sequences. The backend claims that CPY
+// too (supports_cpy), so it runs in the op's split, right after the op; when every sequence's
+// state comes from the row it goes back to (the gather's ids are first, first+1, ...: no sequence
+// was copied into another's cells), ssmk updates those cache rows in place and the CPY is done:
+// the state moves once, where the op alone would copy it into its output first and the CPY would
+// move it again. Returns the CPY's node index, or -1 (then the op and the CPY run as they are).
+int find_cache_rows(ggml_cgraph * graph, int op_index, CacheRows & cache) {
+    static const bool disabled = [] {
+        const char * env = std::getenv("SSMK_GGML_IN_PLACE");
+        return env != nullptr && std::strcmp(env, "off") == 0;
+    }();
+    const ggml_tensor * op = ggml_graph_node(graph, op_index);
+    const bool gdn = op->op == GGML_OP_GATED_DELTA_NET;
+    if (disabled || (!gdn && op->op != GGML_OP_RWKV_WKV7)) {
+        return -1;
+    }
+    // Sequences, tokens per sequence, snapshot rows, bytes of one state and of the op's output.
+    const ggml_tensor * v = gdn ? op->src[2] : op->src[3];
+    const int64_t n_seqs = gdn ? v->ne[3] : op->src[6]->ne[1];
+    const int64_t tokens = gdn ? v->ne[2] : v->ne[2] / n_seqs;
+    const int64_t K = gdn ? snapshot_rows(op) : 1;
+    const size_t state_bytes = gdn ? v->ne[0] * v->ne[0] * v->ne[1] * sizeof(float) : ggml_nbytes(op->src[6]) / n_seqs;
+    const size_t out_bytes = ggml_nelements(v) * sizeof(float);  // v may be a strided view
+
+    const ggml_tensor * gather = storage(gdn ? op->src[5] : op->src[6]);
+    if (gather->op != GGML_OP_GET_ROWS || gather->src[1]->type != GGML_TYPE_I32 ||
+        !ggml_is_contiguous(gather->src[1]) || gather->ne[1] != n_seqs) {
+        return -1;
+    }
+    const ggml_tensor * rows = gather->src[0];
+    const ggml_tensor * base = storage(rows);
+    if (base->op != GGML_OP_NONE || base->type != GGML_TYPE_F32 || !ggml_is_contiguous(base) || rows->data != base->data ||
+        rows->nb[0] != sizeof(float) || rows->nb[1] != state_bytes || rows->ne[0] * sizeof(float) != state_bytes) {
+        return -1;
+    }
+
+    int cpy_index = op_index + 1;
+    while (cpy_index < ggml_graph_n_nodes(graph) && is_view(ggml_graph_node(graph, cpy_index))) {
+        ++cpy_index;
+    }
+    if (cpy_index >= ggml_graph_n_nodes(graph)) {
+        return -1;
+    }
+    const ggml_tensor * cpy = ggml_graph_node(graph, cpy_index);
+    if (cpy->op != GGML_OP_CPY) {
+        return -1;
+    }
+    const ggml_tensor * from = cpy->src[0];
+    const ggml_tensor * to = cpy->src[1];
+    const int64_t written = std::min(tokens, K);
+    const int64_t elems = written * n_seqs * (int64_t) (state_bytes / sizeof(float));
+    if (storage(from) != op || (const char *) from->data != (const char *) op->data + out_bytes ||
+        !ggml_is_contiguous(from) || ggml_nelements(from) != elems || storage(to) != base ||
+        ggml_nelements(to) != elems) {
+        return -1;
+    }
+    const size_t offset = (const char *) to->data - (const char *) base->data;
+    if (offset % state_bytes != 0) {
+        return -1;
+    }
+    cache.base = (char *) base->data;
+    cache.rows = (int64_t) (ggml_nbytes(base) / state_bytes);
+    cache.first = (int64_t) (offset / state_bytes);
+    cache.group = n_seqs;
+    if (written > 1) {
+        // Snapshot j of the sequences goes to the rows `group` rows after snapshot j-1's.
+        if (to->ne[1] != n_seqs || to->ne[2] != written || to->nb[1] != state_bytes || to->nb[2] % state_bytes != 0) {
+            return -1;
+        }
+        cache.group = (int64_t) (to->nb[2] / state_bytes);
+    } else if (!ggml_is_contiguous(to)) {
+        return -1;
+    }
+    if (cache.first + (written - 1) * cache.group + n_seqs > cache.rows) {
+        return -1;
+    }
+    const int32_t * ids = (const int32_t *) gather->src[1]->data;
+    for (int64_t s = 0; s < n_seqs; ++s) {
+        if (ids[s] != cache.first + s) {
+            return -1;
+        }
+    }
+    static const bool verbose = std::getenv("SSMK_GGML_VERBOSE") != nullptr;
+    if (verbose) {
+        std::fprintf(stderr, "ggml-ssmk: %s (%s): states updated in place in %s rows %lld..%lld\n", ggml_op_desc(op),
+                     op->name, base->name, (long long) cache.first, (long long) (cache.first + n_seqs - 1));
+    }
+    return cpy_index;
+}
+
+// An f32 CPY the backend claimed and did not fuse: src[0]'s elements in order into src[1].
+bool compute_cpy(ggml_tensor * node) {
+    const ggml_tensor * src = node->src[0];
+    const ggml_tensor * dst = node->src[1];
+    if (ggml_is_contiguous(src) && ggml_is_contiguous(dst)) {
+        std::memcpy(dst->data, src->data, ggml_nbytes(src));
+        return true;
+    }
+    int64_t d[4] = {0, 0, 0, 0};
+    for (int64_t i3 = 0; i3 < src->ne[3]; ++i3) {
+        for (int64_t i2 = 0; i2 < src->ne[2]; ++i2) {
+            for (int64_t i1 = 0; i1 < src->ne[1]; ++i1) {
+                for (int64_t i0 = 0; i0 < src->ne[0]; ++i0) {
+                    const float x = *(const float *) at(src, i0 * src->nb[0] + i1 * src->nb[1] + i2 * src->nb[2] + i3 * src->nb[3]);
+                    *(float *) at(dst, d[0] * dst->nb[0] + d[1] * dst->nb[1] + d[2] * dst->nb[2] + d[3] * dst->nb[3]) = x;
+                    for (int k = 0; k < 3 && ++d[k] == dst->ne[k]; ++k) {
+                        d[k] = 0;
+                        if (k == 2) {
+                            ++d[3];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- backend
+
+const char * backend_get_name(ggml_backend_t) { return kName; }
+
+void backend_free(ggml_backend_t backend) {
+    delete (BackendContext *) backend->context;
+    delete backend;
+}
+
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph * graph) {
     BackendContext & ctx = *(BackendContext *) backend->context;
+    int fused_copy = -1;  // the CPY node find_cache_rows fused into the op before it
     for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
         ggml_tensor * node = ggml_graph_node(graph, i);
-        if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || is_view(node)) {
+        if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || is_view(node) || i == fused_copy) {
             continue;
         }
+        CacheRows cache;
+        const int cpy = find_cache_rows(graph, i, cache);
+        const CacheRows * in_place = cpy >= 0 ? &cache : nullptr;
+        fused_copy = cpy;
         bool ok = false;
         switch (node->op) {
             case GGML_OP_SSM_CONV: ok = compute_ssm_conv(ctx, node); break;
             case GGML_OP_SSM_SCAN: ok = compute_ssm_scan(ctx, node); break;
-            case GGML_OP_GATED_DELTA_NET: ok = compute_gated_delta_net(ctx, node); break;
-            case GGML_OP_RWKV_WKV7: ok = compute_rwkv_wkv7(ctx, node); break;
+            case GGML_OP_GATED_DELTA_NET: ok = compute_gated_delta_net(ctx, node, in_place); break;
+            case GGML_OP_RWKV_WKV7: ok = compute_rwkv_wkv7(ctx, node, in_place); break;
+            case GGML_OP_CPY: ok = compute_cpy(node); break;
             default: GGML_ABORT("ggml-ssmk: unsupported op %s", ggml_op_desc(node));
         }
         if (!ok) {
@@ -548,7 +716,7 @@ bool decode_left_to_cpu(const ggml_tensor * op) {
 }
 
 // Called with 0-byte dummy buffers while the model loads: decides on shapes and types only.
-bool device_supports_op(ggml_backend_dev_t, const ggml_tensor * op) {
+bool device_supports_op(ggml_backend_dev_t dev, const ggml_tensor * op) {
     if (is_view(op)) {
         return true;
     }
@@ -560,6 +728,14 @@ bool device_supports_op(ggml_backend_dev_t, const ggml_tensor * op) {
         case GGML_OP_SSM_SCAN: return enabled_ops().scan && supports_ssm_scan(op);
         case GGML_OP_GATED_DELTA_NET: return enabled_ops().gdn && supports_gated_delta_net(op);
         case GGML_OP_RWKV_WKV7: return enabled_ops().wkv7 && supports_rwkv_wkv7(op);
+        case GGML_OP_CPY: {
+            // The copy of a claimed GATED_DELTA_NET's or RWKV_WKV7's new states into the cache
+            // (see find_cache_rows); no other copy.
+            const ggml_tensor * from = storage(op->src[0]);
+            return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
+                   (from->op == GGML_OP_GATED_DELTA_NET || from->op == GGML_OP_RWKV_WKV7) &&
+                   device_supports_op(dev, from);
+        }
         default: return false;
     }
 }

@@ -488,6 +488,55 @@ fn every_isa_linear_w_matches_log_form() {
     }
 }
 
+/// f32 rows of unit stride with `w` linear and scale 1 (llama.cpp's and the `rwkv` package's
+/// calls) are read where they are instead of copied: the same bits as the copying path (taken
+/// here because `r` has an element stride of 2), and the reference within tolerance.
+#[test]
+fn every_isa_rows_read_in_place_equal_copied_rows() {
+    let lens = [70usize, 1, 5];
+    for ((kd, vd), layout) in [((64, 64), Layout::ValueMajor), ((24, 32), Layout::KeyMajor)] {
+        let mut direct = batch_case(60, &lens, (kd, vd), DType::F32, DType::F32, layout);
+        direct.flags = SSMK_DPLR_W_LINEAR;
+        let wp = direct.w.base().cast::<f32>();
+        for i in 0..direct.w.numel() {
+            unsafe { wp.add(i).write(wp.add(i).read().exp()) };
+        }
+        run_and_verify(&direct, &format!("rows in place {layout:?}"));
+        let mut copied = direct.clone();
+        let t = direct.t;
+        copied.r = Tensor::with_layout(
+            DType::F32,
+            &[t, 3, kd],
+            Some(&[6 * kd, 2 * kd, 2]),
+            t * 6 * kd,
+        );
+        for index in direct.r.indices() {
+            copied.r.set(&index, direct.r.get(&index));
+        }
+        for isa in Isa::under_test() {
+            let (mut a, mut b) = (direct.clone(), copied.clone());
+            assert_eq!(
+                a.call_with(isa, Path::Auto, std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            assert_eq!(
+                b.call_with(isa, Path::Auto, std::ptr::null()),
+                SSMK_OK,
+                "{}",
+                common::last_error()
+            );
+            assert_eq!(a.out.to_vec(), b.out.to_vec(), "{isa:?} {layout:?}: out");
+            assert_eq!(
+                a.state.as_ref().unwrap().bytes(),
+                b.state.as_ref().unwrap().bytes(),
+                "{isa:?} {layout:?}: state"
+            );
+        }
+    }
+}
+
 /// A prefill split over two calls (the second continuing from the state) matches one call.
 #[test]
 fn two_calls_equal_one_call() {

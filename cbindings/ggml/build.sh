@@ -33,11 +33,14 @@ if [ ! -f src/ssmk-commit ]; then
   rm -rf "llama_cpp_python-$version"
   echo "$commit" > src/ssmk-commit
 fi
-# The lane's random RWKV-7 / ARWKV-7 models: test-llama-archs's model writer lacks their
-# hyperparameters and skips them ("FIXME RWKV models hang indefinitely", which the lane does not
-# see). The patch touches only that test program, not the libraries under test.
-if ! grep -q LLM_KV_ATTENTION_DECAY_LORA_RANK src/tests/test-llama-archs.cpp; then
-  patch -s -p1 -d src < "$root/cbindings/ggml/test-llama-archs-rwkv7.patch"
+# test-llama-archs's model writer, patched (that test program only, not the libraries under test):
+# the lane's random RWKV-7 / ARWKV-7 models (it lacks their hyperparameters and skips them, "FIXME
+# RWKV models hang indefinitely", which the lane does not see), and model sizes from SSMK_ARCHS_*
+# variables for bench-llama.sh. A tree with an older version of the patch gets the file afresh.
+if ! grep -q SSMK_ARCHS_N_EMBD src/tests/test-llama-archs.cpp; then
+  tar xzf "llama_cpp_python-$version.tar.gz" -O "llama_cpp_python-$version/vendor/llama.cpp/tests/test-llama-archs.cpp" \
+    >src/tests/test-llama-archs.cpp
+  patch -s -p1 -d src < "$root/cbindings/ggml/test-llama-archs.patch"
 fi
 
 # Tools and tests only (no server, no examples, no network code).

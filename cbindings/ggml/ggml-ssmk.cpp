@@ -177,16 +177,24 @@ bool compute_ssm_conv(BackendContext & ctx, ggml_tensor * dst) {
     }
     ctx.conv_history.resize((size_t) (S * (W - 1) * D));
     ctx.conv_input.resize((size_t) (S * T * D));
+    // Transposed in tiles of 16 channels (one cache line of each output row) by 64 window steps,
+    // so that every line written is written whole: channel by channel, each store touched a line
+    // D floats away from the last, and the transpose cost as much as ggml's whole convolution.
+    constexpr int64_t kTileChannels = 16, kTileSteps = 64;
+    const int64_t steps = W - 1 + T;
     for (int64_t s = 0; s < S; ++s) {
         float * history = ctx.conv_history.data() + s * (W - 1) * D;
         float * input = ctx.conv_input.data() + s * T * D;
-        for (int64_t d = 0; d < D; ++d) {
-            const float * row = (const float *) at(sx, s * sx->nb[2] + d * sx->nb[1]);
-            for (int64_t j = 0; j < W - 1; ++j) {
-                history[j * D + d] = row[j];
-            }
-            for (int64_t t = 0; t < T; ++t) {
-                input[t * D + d] = row[W - 1 + t];
+        for (int64_t d0 = 0; d0 < D; d0 += kTileChannels) {
+            const int64_t d1 = std::min(D, d0 + kTileChannels);
+            for (int64_t p0 = 0; p0 < steps; p0 += kTileSteps) {
+                const int64_t p1 = std::min(steps, p0 + kTileSteps);
+                for (int64_t p = p0; p < p1; ++p) {
+                    float * to = p < W - 1 ? history + p * D : input + (p - (W - 1)) * D;
+                    for (int64_t d = d0; d < d1; ++d) {
+                        to[d] = ((const float *) at(sx, s * sx->nb[2] + d * sx->nb[1]))[p];
+                    }
+                }
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::kernels::simd::{
     Simd, SimdElement, exp_in_place, load_row_simd, scale_in_place, store_row_simd,
 };
 use crate::kernels::state_blocks::HeadStates;
-use crate::kernels::strided::{Strided, prefetch_l2};
+use crate::kernels::strided::{Strided, prefetch, prefetch_l2};
 use crate::kernels::{Sequence, StateWrite};
 
 /// How many tokens ahead a task prefetches its input rows into L2. A head's rows of successive
@@ -60,18 +60,75 @@ unsafe fn load<S: Simd>(t: &Strided, token: usize, h: usize, dst: &mut [f32]) {
     unsafe { load_row_simd::<S>(t.at(&[token, h]), t.dtype, t.strides[2], dst) }
 }
 
+/// Reads the rows of token `token + PREFETCH_TOKENS` of head `h` into L2.
+#[inline(always)]
+fn prefetch_ahead(args: &DplrRule, token: usize, h: usize) {
+    let ahead = token + PREFETCH_TOKENS;
+    if ahead < args.tokens {
+        for t in [&args.r, &args.w, &args.k, &args.a, &args.b] {
+            prefetch_l2(t.at(&[ahead, h]), args.k_dim * t.dtype.size());
+        }
+        prefetch_l2(args.v.at(&[ahead, h]), args.v_dim * args.v.dtype.size());
+    }
+}
+
+/// Whether the recurrence can read its token rows where the caller keeps them, as [`TokenRow`]s
+/// without a copy: f32 rows of unit stride that need no scale, no `exp` and no padding (RWKV-7
+/// from llama.cpp or the `rwkv` package: `w` linear, scale 1, V a multiple of `2 * LANES`). The
+/// values are the copy's, so are the results.
+fn rows_in_place<S: Simd>(args: &DplrRule) -> bool {
+    let unit_f32 = |t: &Strided| t.dtype == DType::F32 && t.strides[2] == 1;
+    args.scale == 1.0
+        && args.w_linear
+        && args.v_dim.is_multiple_of(2 * S::LANES)
+        && [&args.r, &args.w, &args.k, &args.a, &args.b, &args.v]
+            .into_iter()
+            .all(unit_f32)
+}
+
+/// Token `token`'s rows of head `h` in the caller's tensors (see [`rows_in_place`]), the next
+/// token's asked into L1 and the one [`PREFETCH_TOKENS`] ahead into L2.
+///
+/// # Safety
+/// As for [`super::dplr_delta_rule`], and [`rows_in_place`] holds.
+#[inline(always)]
+unsafe fn borrow_token(args: &DplrRule, token: usize, h: usize) -> TokenRow<'_> {
+    prefetch_ahead(args, token, h);
+    let (kd, vd) = (args.k_dim, args.v_dim);
+    if token + 1 < args.tokens {
+        for t in [&args.r, &args.w, &args.k, &args.a, &args.b] {
+            prefetch(t.at(&[token + 1, h]), kd * 4);
+        }
+        prefetch(args.v.at(&[token + 1, h]), vd * 4);
+    }
+    unsafe {
+        TokenRow {
+            r: borrow_row(&args.r, token, h, kd),
+            d: borrow_row(&args.w, token, h, kd),
+            k: borrow_row(&args.k, token, h, kd),
+            a: borrow_row(&args.a, token, h, kd),
+            b: borrow_row(&args.b, token, h, kd),
+            v: borrow_row(&args.v, token, h, vd),
+        }
+    }
+}
+
+/// Row `[token, h]` of `t`, `n` f32 values of unit stride.
+///
+/// # Safety
+/// As for [`borrow_token`].
+#[inline(always)]
+unsafe fn borrow_row(t: &Strided, token: usize, h: usize, n: usize) -> &[f32] {
+    // SAFETY: validated, aligned f32 elements of unit stride, not written during the call.
+    unsafe { std::slice::from_raw_parts(t.at(&[token, h]).cast::<f32>(), n) }
+}
+
 /// Fills `buf` (see [`token_floats`]) with token `token`'s inputs for head `h`; the V row's
 /// padding is left as it is (zero).
 #[inline(always)]
 pub(super) unsafe fn load_token<S: Simd>(args: &DplrRule, token: usize, h: usize, buf: &mut [f32]) {
     let (kd, vd) = (args.k_dim, args.v_dim);
-    let ahead = token + PREFETCH_TOKENS;
-    if ahead < args.tokens {
-        for t in [&args.r, &args.w, &args.k, &args.a, &args.b] {
-            prefetch_l2(t.at(&[ahead, h]), kd * t.dtype.size());
-        }
-        prefetch_l2(args.v.at(&[ahead, h]), vd * args.v.dtype.size());
-    }
+    prefetch_ahead(args, token, h);
     let (r, rest) = buf.split_at_mut(kd);
     let (d, rest) = rest.split_at_mut(kd);
     let (k, rest) = rest.split_at_mut(kd);
@@ -194,10 +251,16 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Seq
                 states().prefetch_l2(slot, h + 1);
             }
         }
+        let borrowed = rows_in_place::<S>(args);
         if seq.len > 0 {
-            load_token::<S>(args, seq.start, h, &mut rows[..row_len]);
+            if !borrowed {
+                load_token::<S>(args, seq.start, h, &mut rows[..row_len]);
+            }
             if seq.read.is_some() {
-                let a = split_token(&rows[..row_len], kd).a;
+                let a = match borrowed {
+                    true => borrow_token(args, seq.start, h).a,
+                    false => split_token(&rows[..row_len], kd).a,
+                };
                 for bi in 0..blocks_n {
                     column_sums::<S>(
                         blocks.as_ptr().add(bi * kd * w),
@@ -209,17 +272,28 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Seq
         }
         let out = &args.out;
         for i in 0..seq.len {
-            let (cur, next) = rows.split_at_mut(row_len);
-            let (cur, next) = match i % 2 {
-                0 => (&*cur, next),
-                _ => (&*next, cur),
-            };
             let more = i + 1 < seq.len;
-            if more {
-                load_token::<S>(args, seq.start + i + 1, h, next);
-            }
-            let t = split_token(cur, kd);
-            let a_next = split_token(next, kd).a;
+            let (t, a_next) = match borrowed {
+                true => {
+                    let t = borrow_token(args, seq.start + i, h);
+                    let a_next = match more {
+                        true => borrow_row(&args.a, seq.start + i + 1, h, kd),
+                        false => t.a,
+                    };
+                    (t, a_next)
+                }
+                false => {
+                    let (cur, next) = rows.split_at_mut(row_len);
+                    let (cur, next) = match i % 2 {
+                        0 => (&*cur, next),
+                        _ => (&*next, cur),
+                    };
+                    if more {
+                        load_token::<S>(args, seq.start + i + 1, h, next);
+                    }
+                    (split_token(cur, kd), split_token(next, kd).a)
+                }
+            };
             for bi in 0..blocks_n {
                 let block = blocks.as_mut_ptr().add(bi * kd * w);
                 let (col, sa, o) = (

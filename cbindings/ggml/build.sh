@@ -4,7 +4,7 @@
 # Everything lands in $SSMK_LLAMA_DIR (default target/llama-cpp) and is reused on the next run:
 #   venv/   cmake, ninja and scikit-build-core from PyPI (the sdist's metadata step needs the last)
 #   src/    vendor/llama.cpp of the sdist
-#   build/  the llama.cpp build (only the targets below)
+#   build/  the llama.cpp build (only the targets below: llama-bench, llama-server and the tests)
 #   ssmk/   libggml-ssmk.so, ssmk-llama-check, ssmk-op-bench and a libssmk.so.0 link to cargo's libssmk.so
 #           (or to $SSMK_LIB_DIR/libssmk.so)
 # Prints the paths as shell assignments on its last lines (LLAMA_BIN=..., SSMK_GGML_LIB=..., ...).
@@ -43,13 +43,14 @@ if ! grep -q SSMK_ARCHS_N_EMBD src/tests/test-llama-archs.cpp; then
   patch -s -p1 -d src < "$root/cbindings/ggml/test-llama-archs.patch"
 fi
 
-# Tools and tests only (no server, no examples, no network code).
-if [ ! -f build/build.ninja ]; then
+# Tools, tests and the server (no examples, no TLS or download code); a tree configured before
+# the server was added is configured again.
+if [ ! -f build/build.ninja ] || ! grep -q 'LLAMA_BUILD_SERVER:BOOL=ON' build/CMakeCache.txt; then
   cmake -S src -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
 fi
-nice -n 5 ninja -C build ${SSMK_LLAMA_TARGETS:-ggml ggml-base ggml-cpu llama test-backend-ops test-llama-archs llama-bench}
+nice -n 5 ninja -C build ${SSMK_LLAMA_TARGETS:-ggml ggml-base ggml-cpu llama test-backend-ops test-llama-archs llama-bench llama-server}
 
 # libssmk.so: the one in $SSMK_LIB_DIR when given (.ci/llama-lane passes the release build the
 # Python wheel's test made), else cargo's release build (incremental); then the backend and the

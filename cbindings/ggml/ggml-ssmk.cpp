@@ -11,7 +11,7 @@
 // it claims, for A/B runs in an unchanged setup. SSMK_GGML_DECODES=all also claims the one-token
 // steps it leaves to ggml by default (see decode_left_to_cpu). SSMK_GGML_IN_PLACE=off keeps the
 // delta rules out of place (see find_cache_rows); SSMK_GGML_VERBOSE=1 prints each in-place update.
-// ssmk runs on ggml's thread count on ggml's OpenMP team (see on_openmp_team); SSMK_POOL=threads
+// ssmk runs on ggml's thread count on ggml's OpenMP team (see on_openmp_team); SSMK_POOL=ssmk
 // (any value but openmp) keeps it on the calling thread.
 
 #include "ggml-backend-impl.h"
@@ -128,8 +128,8 @@ bool tokens_packed(const ggml_tensor * t, int seq_dim) {
 // when the process has ggml's OpenMP runtime (ggml's default build) and SSMK_POOL does not say
 // otherwise; else on the calling thread, since a second pool would fight ggml's threads, which
 // keep spinning on the other cores after each CPU split. Measured (Zen 3, 2 threads, a Qwen3-Next-
-// shaped Q8_0 model, pp512): on the team 1.06x faster than without the backend, on the calling
-// thread 1.0x.
+// shaped Q8_0 model, pp512, best of three alternating runs): on the team 1.05x faster than
+// without the backend, on the calling thread 1.0x.
 bool on_openmp_team() {
     static const bool yes = [] {
         const char * pool = std::getenv("SSMK_POOL");

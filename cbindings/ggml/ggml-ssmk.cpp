@@ -128,7 +128,7 @@ bool tokens_packed(const ggml_tensor * t, int seq_dim) {
 // when the process has ggml's OpenMP runtime (ggml's default build) and SSMK_POOL does not say
 // otherwise; else on the calling thread, since a second pool would fight ggml's threads, which
 // keep spinning on the other cores after each CPU split. Measured (Zen 3, 2 threads, a Qwen3-Next-
-// shaped Q8_0 model, pp512, best of three alternating runs): on the team 1.05x faster than
+// shaped Q8_0 model, pp512, best of three alternating runs): on the team 1.06x faster than
 // without the backend, on the calling thread 1.0x.
 bool on_openmp_team() {
     static const bool yes = [] {

@@ -247,13 +247,11 @@ const ggml_tensor * storage(const ggml_tensor * t) {
 
 // llama.cpp's recurrent cache of one layer as an ssmk state pool: `rows` rows of one state each.
 // When the backend fuses a recurrent op with the copy of its new states into this cache
-// (find_cache_rows), ssmk updates the sequences' rows in place: sequence s in row first + s, its
-// snapshot j in row j*group + first + s.
+// (find_cache_rows), ssmk updates the sequences' rows in place: sequence s in row first + s.
 struct CacheRows {
     char * base;
     int64_t rows;
     int64_t first;
-    int64_t group;
 };
 
 // ---------------------------------------------------------------- sequence tables
@@ -264,9 +262,9 @@ int64_t snapshot_rows(const ggml_tensor * op) { return ((const int32_t *) op->op
 // The tables ssmk takes for S sequences of T tokens each, every one continuing from its state, with
 // the K state rows the recurrent ops return: row 0 the final state, row j the state j tokens before
 // the end (rows older than the call are left alone). Sequence s keeps its state in pool slot
-// first + s; its row j >= 1 is an ssmk checkpoint after T-j tokens, in slot j*group + first + s.
-// In the op's output the pool is its K*S state rows (first 0, group S); in llama.cpp's cache
-// (CacheRows) it is the whole cache.
+// first + s; its row j >= 1 is an ssmk checkpoint after T-j tokens, in slot j*S + first + s. In the
+// op's output the pool is its K*S state rows (first 0); in llama.cpp's cache (CacheRows, K = 1
+// rows written) it is the whole cache.
 struct SequenceTables {
     std::vector<int32_t> cu_seqlens;  // [S+1]: 0, T, 2T, ...
     std::vector<int32_t> slots;       // [S]: first + s
@@ -274,11 +272,8 @@ struct SequenceTables {
     std::vector<int32_t> ck_offsets;  // [S, K-1]
     std::vector<int32_t> ck_slots;    // [S, K-1], -1 (no row) where the call is too short
 
-    SequenceTables(int64_t S, int64_t T, int64_t K, int64_t first = 0, int64_t group = -1)
+    SequenceTables(int64_t S, int64_t T, int64_t K, int64_t first = 0)
         : cu_seqlens(S + 1), slots(S), has_state(S, 1), ck_offsets(S * (K - 1)), ck_slots(S * (K - 1)) {
-        if (group < 0) {
-            group = S;
-        }
         for (int64_t s = 0; s <= S; ++s) {
             cu_seqlens[s] = (int32_t) (s * T);
         }
@@ -287,7 +282,7 @@ struct SequenceTables {
             for (int64_t j = 1; j < K; ++j) {
                 const int64_t e = s * (K - 1) + (j - 1);
                 ck_offsets[e] = (int32_t) (T - j);
-                ck_slots[e] = T - j >= 1 ? (int32_t) (j * group + first + s) : -1;
+                ck_slots[e] = T - j >= 1 ? (int32_t) (j * S + first + s) : -1;
             }
         }
     }
@@ -393,7 +388,7 @@ bool compute_gated_delta_net(BackendContext & ctx, ggml_tensor * dst, const Cach
     if (cache == nullptr) {
         std::memcpy(states, state->data, state_bytes * S);
     }
-    const SequenceTables tables = cache != nullptr ? SequenceTables(S, T, K, cache->first, cache->group)
+    const SequenceTables tables = cache != nullptr ? SequenceTables(S, T, K, cache->first)
                                                    : SequenceTables(S, T, K);
     const bool packed = tokens_packed(q, 3) && tokens_packed(k, 3) && tokens_packed(v, 3);
     const int64_t count = packed ? S : 1;
@@ -555,20 +550,15 @@ int find_cache_rows(ggml_cgraph * graph, int op_index, CacheRows & cache) {
     if (offset % state_bytes != 0) {
         return -1;
     }
+    // One state row per sequence: a step that also writes snapshot rows (llama.cpp's experimental
+    // n_rs_seq rollback, several tokens) stays out of place, as no test here runs it.
+    if (written != 1 || !ggml_is_contiguous(to)) {
+        return -1;
+    }
     cache.base = (char *) base->data;
     cache.rows = (int64_t) (ggml_nbytes(base) / state_bytes);
     cache.first = (int64_t) (offset / state_bytes);
-    cache.group = n_seqs;
-    if (written > 1) {
-        // Snapshot j of the sequences goes to the rows `group` rows after snapshot j-1's.
-        if (to->ne[1] != n_seqs || to->ne[2] != written || to->nb[1] != state_bytes || to->nb[2] % state_bytes != 0) {
-            return -1;
-        }
-        cache.group = (int64_t) (to->nb[2] / state_bytes);
-    } else if (!ggml_is_contiguous(to)) {
-        return -1;
-    }
-    if (cache.first + (written - 1) * cache.group + n_seqs > cache.rows) {
+    if (cache.first + n_seqs > cache.rows) {
         return -1;
     }
     const int32_t * ids = (const int32_t *) gather->src[1]->data;

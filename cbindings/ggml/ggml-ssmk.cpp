@@ -487,11 +487,10 @@ bool is_view(const ggml_tensor * node) {
     }
 }
 
-
 // llama.cpp gathers a GATED_DELTA_NET or RWKV_WKV7 layer's states from its cache with GET_ROWS
 // (on the CPU backend, earlier in the graph), the op writes the new states after its output, and
 // a CPY puts them back into the cache rows of the ubatch's sequences. The backend claims that CPY
-// too (supports_cpy), so it runs in the op's split, right after the op; when every sequence's
+// too (device_supports_op), so it runs in the op's split, right after the op; when every sequence's
 // state comes from the row it goes back to (the gather's ids are first, first+1, ...: no sequence
 // was copied into another's cells), ssmk updates those cache rows in place and the CPY is done:
 // the state moves once, where the op alone would copy it into its output first and the CPY would
@@ -506,11 +505,14 @@ int find_cache_rows(ggml_cgraph * graph, int op_index, CacheRows & cache) {
     if (disabled || (!gdn && op->op != GGML_OP_RWKV_WKV7)) {
         return -1;
     }
-    // Sequences, tokens per sequence, snapshot rows, bytes of one state and of the op's output.
+    // Sequences, bytes of one state and of the op's output.
     const ggml_tensor * v = gdn ? op->src[2] : op->src[3];
     const int64_t n_seqs = gdn ? v->ne[3] : op->src[6]->ne[1];
-    const int64_t tokens = gdn ? v->ne[2] : v->ne[2] / n_seqs;
-    const int64_t K = gdn ? snapshot_rows(op) : 1;
+    // One state row per sequence: a step that also writes snapshot rows (llama.cpp's experimental
+    // n_rs_seq rollback, several tokens) stays out of place, as no test here runs it.
+    if (gdn && v->ne[2] > 1 && snapshot_rows(op) > 1) {
+        return -1;
+    }
     const size_t state_bytes = gdn ? v->ne[0] * v->ne[0] * v->ne[1] * sizeof(float) : ggml_nbytes(op->src[6]) / n_seqs;
     const size_t out_bytes = ggml_nelements(v) * sizeof(float);  // v may be a strided view
 
@@ -539,20 +541,14 @@ int find_cache_rows(ggml_cgraph * graph, int op_index, CacheRows & cache) {
     }
     const ggml_tensor * from = cpy->src[0];
     const ggml_tensor * to = cpy->src[1];
-    const int64_t written = std::min(tokens, K);
-    const int64_t elems = written * n_seqs * (int64_t) (state_bytes / sizeof(float));
+    const int64_t elems = n_seqs * (int64_t) (state_bytes / sizeof(float));
     if (storage(from) != op || (const char *) from->data != (const char *) op->data + out_bytes ||
         !ggml_is_contiguous(from) || ggml_nelements(from) != elems || storage(to) != base ||
-        ggml_nelements(to) != elems) {
+        ggml_nelements(to) != elems || !ggml_is_contiguous(to)) {
         return -1;
     }
     const size_t offset = (const char *) to->data - (const char *) base->data;
     if (offset % state_bytes != 0) {
-        return -1;
-    }
-    // One state row per sequence: a step that also writes snapshot rows (llama.cpp's experimental
-    // n_rs_seq rollback, several tokens) stays out of place, as no test here runs it.
-    if (written != 1 || !ggml_is_contiguous(to)) {
         return -1;
     }
     cache.base = (char *) base->data;

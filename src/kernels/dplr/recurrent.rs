@@ -258,7 +258,7 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Seq
             }
             if seq.read.is_some() {
                 let a = match borrowed {
-                    true => borrow_token(args, seq.start, h).a,
+                    true => borrow_row(&args.a, seq.start, h, kd),
                     false => split_token(&rows[..row_len], kd).a,
                 };
                 for bi in 0..blocks_n {

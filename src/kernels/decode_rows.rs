@@ -76,157 +76,214 @@ pub(crate) struct StateColumns<'a, St> {
 }
 
 impl<St: SimdElement> StateColumns<'_, St> {
-    /// Updates every column and stores `o` (`o.len()` columns); each row is prefetched
-    /// [`DECODE_PREFETCH_ROWS`] ahead.
+    /// Updates every column and stores `o` (`o.len()` columns), [`INTERLEAVED_COLUMNS`] at a
+    /// time; each row is prefetched [`DECODE_PREFETCH_ROWS`] ahead.
     ///
     /// # Safety
     /// The pointers are valid for `V` rows of `K` values; the CPU supports `S`.
     #[inline(always)]
     pub(crate) unsafe fn run<S: Simd>(&self, terms: &impl ColumnTerms, o: &mut [f32]) {
-        let row_bytes = self.k.len() * size_of::<St>();
-        let vd = o.len();
-        for (j, oj) in o.iter_mut().enumerate() {
-            let offset = j * self.row_stride;
-            let src = self.read.map(|src| src.wrapping_add(offset));
-            let dst = self.write.map(|dst| dst.wrapping_add(offset));
-            if let (Some(src), true) = (self.read, j + DECODE_PREFETCH_ROWS < vd) {
-                let ahead = src.wrapping_add((j + DECODE_PREFETCH_ROWS) * self.row_stride);
-                prefetch(ahead.cast(), row_bytes);
+        // The presence of the old and the new state and of the second term is fixed at compile
+        // time, as in [`StateRows::run`].
+        unsafe {
+            match (self.read.is_some(), self.write.is_some(), self.k2.is_some()) {
+                (true, true, false) => self.groups::<S, true, true, false>(terms, o),
+                (true, false, false) => self.groups::<S, true, false, false>(terms, o),
+                (false, true, false) => self.groups::<S, false, true, false>(terms, o),
+                (false, false, false) => self.groups::<S, false, false, false>(terms, o),
+                (true, true, true) => self.groups::<S, true, true, true>(terms, o),
+                (true, false, true) => self.groups::<S, true, false, true>(terms, o),
+                (false, true, true) => self.groups::<S, false, true, true>(terms, o),
+                (false, false, true) => self.groups::<S, false, false, true>(terms, o),
             }
-            *oj = unsafe {
-                match (src, dst) {
-                    (Some(src), Some(dst)) => self.update::<S, true, true>(j, src, dst, terms),
-                    (Some(src), None) => {
-                        self.update::<S, true, false>(j, src, std::ptr::null_mut(), terms)
-                    }
-                    (None, Some(dst)) => {
-                        self.update::<S, false, true>(j, std::ptr::null(), dst, terms)
-                    }
-                    (None, None) => self.update::<S, false, false>(
-                        j,
-                        std::ptr::null(),
-                        std::ptr::null_mut(),
-                        terms,
-                    ),
-                }
-            };
         }
     }
 
-    /// Column `j` of the state: `s = dot . S[j]` (the old row, read through `src`; 0 without:
-    /// `READ`), `(c, c2) = terms.terms(j, s)`, `S[j] = d S[j] + k c + k2 c2` (stored through `dst`:
-    /// `WRITE`); returns `o_j = S[j] . q`. Two accumulators per sum, in a fixed order.
+    #[inline(always)]
+    unsafe fn groups<S: Simd, const READ: bool, const WRITE: bool, const TWO: bool>(
+        &self,
+        terms: &impl ColumnTerms,
+        o: &mut [f32],
+    ) {
+        let vd = o.len();
+        let mut j = 0;
+        unsafe {
+            while j < vd {
+                j += match (vd - j).min(INTERLEAVED_COLUMNS) {
+                    4 => self.update::<S, 4, READ, WRITE, TWO>(j, terms, o),
+                    2 | 3 => self.update::<S, 2, READ, WRITE, TWO>(j, terms, o),
+                    _ => self.update::<S, 1, READ, WRITE, TWO>(j, terms, o),
+                };
+            }
+        }
+    }
+
+    /// Columns `j..j + R` of the state, interleaved (one stored row alone is a chain of
+    /// dependent sums: measured, a `[v][k]` GDN decode from cache ran at half the FMA rate).
+    /// For each, `s = dot . S[j]` (the old row; 0 without `READ`), `(c, c2) = terms.terms(j, s)`,
+    /// `S[j] = d S[j] + k c + k2 c2` (stored with `WRITE`) and `o_j = S[j] . q`. Each sum has two
+    /// accumulators (even and odd vectors) in a fixed order, whatever `R` is. Returns `R`.
     ///
     /// # Safety
-    /// `src` (with `READ`) and `dst` (with `WRITE`) address `K` values; the CPU supports `S`.
+    /// As for [`StateColumns::run`]; `j + R <= o.len()`.
     #[inline(always)]
-    unsafe fn update<S: Simd, const READ: bool, const WRITE: bool>(
+    unsafe fn update<
+        S: Simd,
+        const R: usize,
+        const READ: bool,
+        const WRITE: bool,
+        const TWO: bool,
+    >(
         &self,
         j: usize,
-        src: *const St,
-        dst: *mut St,
         terms: &impl ColumnTerms,
-    ) -> f32 {
-        let (l, kd) = (S::LANES, self.k.len());
+        o: &mut [f32],
+    ) -> usize {
+        let (l, kd, vd) = (S::LANES, self.k.len(), o.len());
         let body = kd / l * l;
         let (decays, per_channel) = self.decays;
+        let k2 = self.k2.unwrap_or(&[]);
+        let row = |i: usize| (j + i) * self.row_stride;
+        let src: [*const St; R] =
+            std::array::from_fn(|i| self.read.unwrap_or(std::ptr::null()).wrapping_add(row(i)));
+        let dst: [*mut St; R] = std::array::from_fn(|i| {
+            self.write
+                .unwrap_or(std::ptr::null_mut())
+                .wrapping_add(row(i))
+        });
         unsafe {
-            let mut sum = 0f32;
+            if let Some(read) = self.read {
+                let row_bytes = kd * size_of::<St>();
+                for i in 0..R {
+                    if j + i + DECODE_PREFETCH_ROWS < vd {
+                        let ahead =
+                            read.wrapping_add((j + i + DECODE_PREFETCH_ROWS) * self.row_stride);
+                        prefetch(ahead.cast(), row_bytes);
+                    }
+                }
+            }
+            let mut sums = [0f32; R];
             if READ {
-                // Even vectors into one accumulator, odd ones into the other (named, not an
-                // indexed array, which the compiler kept in memory; helpers, not closures, which
-                // do not inherit the caller's target features).
-                let (mut acc0, mut acc1) = (S::zero(), S::zero());
+                // Even vectors into one accumulator, odd ones into the other.
+                let (mut acc0, mut acc1) = ([S::zero(); R], [S::zero(); R]);
                 let mut r = 0;
                 while r + 2 * l <= body {
-                    acc0 = self.dot_step::<S>(src, r, acc0);
-                    acc1 = self.dot_step::<S>(src, r + l, acc1);
+                    let (d0, d1) = (self.dot_at::<S>(r), self.dot_at::<S>(r + l));
+                    for i in 0..R {
+                        acc0[i] = S::fma(St::load::<S>(src[i].add(r)), d0, acc0[i]);
+                        acc1[i] = S::fma(St::load::<S>(src[i].add(r + l)), d1, acc1[i]);
+                    }
                     r += 2 * l;
                 }
                 if r < body {
-                    acc0 = self.dot_step::<S>(src, r, acc0);
+                    let d0 = self.dot_at::<S>(r);
+                    for i in 0..R {
+                        acc0[i] = S::fma(St::load::<S>(src[i].add(r)), d0, acc0[i]);
+                    }
                 }
-                sum = S::reduce_sum(S::add(acc0, acc1));
-                for r in body..kd {
-                    sum = (*src.add(r)).to_f32().mul_add(self.dot[r], sum);
+                for i in 0..R {
+                    sums[i] = S::reduce_sum(S::add(acc0[i], acc1[i]));
+                    for r in body..kd {
+                        sums[i] = (*src[i].add(r)).to_f32().mul_add(self.dot[r], sums[i]);
+                    }
                 }
             }
-            let (c, c2) = terms.terms(j, sum);
-            let (cv, c2v) = (S::splat(c), S::splat(c2));
-            let (mut acc0, mut acc1) = (S::zero(), S::zero());
+            let mut coefs = [(0f32, 0f32); R];
+            let (mut c, mut c2) = ([S::zero(); R], [S::zero(); R]);
+            for i in 0..R {
+                coefs[i] = terms.terms(j + i, sums[i]);
+                (c[i], c2[i]) = (S::splat(coefs[i].0), S::splat(coefs[i].1));
+            }
+            let (mut acc0, mut acc1) = ([S::zero(); R], [S::zero(); R]);
             let mut r = 0;
             while r + 2 * l <= body {
-                acc0 = self.update_step::<S, READ, WRITE>(src, dst, r, (cv, c2v), acc0);
-                acc1 = self.update_step::<S, READ, WRITE>(src, dst, r + l, (cv, c2v), acc1);
+                self.update_step::<S, R, READ, WRITE, TWO>(&src, &dst, r, (&c, &c2), &mut acc0);
+                self.update_step::<S, R, READ, WRITE, TWO>(&src, &dst, r + l, (&c, &c2), &mut acc1);
                 r += 2 * l;
             }
             if r < body {
-                acc0 = self.update_step::<S, READ, WRITE>(src, dst, r, (cv, c2v), acc0);
+                self.update_step::<S, R, READ, WRITE, TWO>(&src, &dst, r, (&c, &c2), &mut acc0);
             }
-            let mut o = S::reduce_sum(S::add(acc0, acc1));
-            for r in body..kd {
-                let a = decays[if per_channel { r } else { 0 }];
-                let old = if READ { (*src.add(r)).to_f32() } else { 0.0 };
-                let mut upd = self.k[r] * c;
-                if let Some(k2) = self.k2 {
-                    upd = k2[r].mul_add(c2, upd);
+            for i in 0..R {
+                let (ci, c2i) = coefs[i];
+                let mut oj = S::reduce_sum(S::add(acc0[i], acc1[i]));
+                for r in body..kd {
+                    let a = decays[if per_channel { r } else { 0 }];
+                    let old = if READ { (*src[i].add(r)).to_f32() } else { 0.0 };
+                    let mut upd = self.k[r] * ci;
+                    if TWO {
+                        upd = k2[r].mul_add(c2i, upd);
+                    }
+                    let s_new = old.mul_add(a, upd);
+                    if WRITE {
+                        *dst[i].add(r) = St::from_f32(s_new);
+                    }
+                    oj = s_new.mul_add(self.q[r], oj);
                 }
-                let s_new = old.mul_add(a, upd);
-                if WRITE {
-                    *dst.add(r) = St::from_f32(s_new);
-                }
-                o = s_new.mul_add(self.q[r], o);
+                o[j + i] = oj;
             }
-            o
         }
+        R
     }
 
-    /// `acc + dot[r..] * S[j][r..]`, one vector.
+    /// `dot[r..]`, one vector.
     #[inline(always)]
-    unsafe fn dot_step<S: Simd>(&self, src: *const St, r: usize, acc: S::V) -> S::V {
-        unsafe {
-            S::fma(
-                St::load::<S>(src.add(r)),
-                S::load_f32(self.dot.as_ptr().add(r)),
-                acc,
-            )
-        }
+    unsafe fn dot_at<S: Simd>(&self, r: usize) -> S::V {
+        unsafe { S::load_f32(self.dot.as_ptr().add(r)) }
     }
 
-    /// One vector of [`StateColumns::update`]'s second sweep: the new row values at `r`
-    /// (stored with `WRITE`), returns `acc + q[r..] * S[j][r..]`.
+    /// One vector of [`StateColumns::update`]'s second sweep for each of its columns: the new
+    /// values at `r` (stored with `WRITE`), `acc[i] += q[r..] * S[j + i][r..]`.
     #[inline(always)]
-    unsafe fn update_step<S: Simd, const READ: bool, const WRITE: bool>(
+    unsafe fn update_step<
+        S: Simd,
+        const R: usize,
+        const READ: bool,
+        const WRITE: bool,
+        const TWO: bool,
+    >(
         &self,
-        src: *const St,
-        dst: *mut St,
+        src: &[*const St; R],
+        dst: &[*mut St; R],
         r: usize,
-        (c, c2): (S::V, S::V),
-        acc: S::V,
-    ) -> S::V {
+        (c, c2): (&[S::V; R], &[S::V; R]),
+        acc: &mut [S::V; R],
+    ) {
         let (decays, per_channel) = self.decays;
         unsafe {
-            let mut upd = S::mul(S::load_f32(self.k.as_ptr().add(r)), c);
-            if let Some(k2) = self.k2 {
-                upd = S::fma(S::load_f32(k2.as_ptr().add(r)), c2, upd);
-            }
-            let s_new = match READ {
-                true => {
-                    let a = match per_channel {
-                        true => S::load_f32(decays.as_ptr().add(r)),
-                        false => S::splat(decays[0]),
-                    };
-                    S::fma(St::load::<S>(src.add(r)), a, upd)
-                }
-                false => upd,
+            let kv = S::load_f32(self.k.as_ptr().add(r));
+            let k2v = match (TWO, self.k2) {
+                (true, Some(k2)) => S::load_f32(k2.as_ptr().add(r)),
+                _ => S::zero(),
             };
-            if WRITE {
-                St::store::<S>(dst.add(r), s_new);
+            let a = match per_channel {
+                true => S::load_f32(decays.as_ptr().add(r)),
+                false => S::splat(decays[0]),
+            };
+            let qv = S::load_f32(self.q.as_ptr().add(r));
+            for i in 0..R {
+                let mut upd = S::mul(kv, c[i]);
+                if TWO {
+                    upd = S::fma(k2v, c2[i], upd);
+                }
+                let s_new = match READ {
+                    true => S::fma(St::load::<S>(src[i].add(r)), a, upd),
+                    false => upd,
+                };
+                if WRITE {
+                    St::store::<S>(dst[i].add(r), s_new);
+                }
+                acc[i] = S::fma(s_new, qv, acc[i]);
             }
-            S::fma(s_new, S::load_f32(self.q.as_ptr().add(r)), acc)
         }
     }
 }
+
+/// Stored rows a k-contiguous decode carries together: eight independent sums in flight, where
+/// one row's two are a chain of dependent FMAs (measured on Zen 3, AVX2, a B = 1 `[v][k]` GDN
+/// decode from L3: 155 us one row at a time, 123 us two, 108 us four, the spilled coefficients
+/// notwithstanding).
+const INTERLEAVED_COLUMNS: usize = 4;
 
 /// Vectors of columns a decode pass keeps in registers (accumulators and, in pass 2, `c`):
 /// half the register file (8 with AVX-512, 4 with AVX2). Summed in registers rather than in a
@@ -430,8 +487,10 @@ impl<St: SimdElement> StateRows<'_, St> {
                 let mut first = 0;
                 while first < vectors {
                     let (col, out) = (first * l, sums.as_mut_ptr().add(first * l));
-                    first += match (vectors - first).min(column_vectors::<S>()) {
-                        8 => self.sum_block::<S, 8>(src, col, group..end, out),
+                    // Eight sums in flight whatever the register file: they and the row factor
+                    // are all this loop holds.
+                    first += match vectors - first {
+                        8.. => self.sum_block::<S, 8>(src, col, group..end, out),
                         4..=7 => self.sum_block::<S, 4>(src, col, group..end, out),
                         3 => self.sum_block::<S, 3>(src, col, group..end, out),
                         2 => self.sum_block::<S, 2>(src, col, group..end, out),

@@ -76,7 +76,7 @@ pub(crate) struct StateColumns<'a, St> {
 }
 
 impl<St: SimdElement> StateColumns<'_, St> {
-    /// Updates every column and stores `o` (`o.len()` columns), [`INTERLEAVED_COLUMNS`] at a
+    /// Updates every column and stores `o` (`o.len()` columns), [`interleaved_columns`] at a
     /// time; each row is prefetched [`DECODE_PREFETCH_ROWS`] ahead.
     ///
     /// # Safety
@@ -109,7 +109,7 @@ impl<St: SimdElement> StateColumns<'_, St> {
         let mut j = 0;
         unsafe {
             while j < vd {
-                j += match (vd - j).min(INTERLEAVED_COLUMNS) {
+                j += match (vd - j).min(interleaved_columns::<S>(TWO)) {
                     4 => self.update::<S, 4, READ, WRITE, TWO>(j, terms, o),
                     2 | 3 => self.update::<S, 2, READ, WRITE, TWO>(j, terms, o),
                     _ => self.update::<S, 1, READ, WRITE, TWO>(j, terms, o),
@@ -281,9 +281,15 @@ impl<St: SimdElement> StateColumns<'_, St> {
 
 /// Stored rows a k-contiguous decode carries together: eight independent sums in flight, where
 /// one row's two are a chain of dependent FMAs (measured on Zen 3, AVX2, a B = 1 `[v][k]` GDN
-/// decode from L3: 155 us one row at a time, 123 us two, 108 us four, the spilled coefficients
-/// notwithstanding).
-const INTERLEAVED_COLUMNS: usize = 4;
+/// decode from L3: 155 us one row at a time, 123 us two, 108 us four). With a second rank-1
+/// term and 16 vector registers, two: the coefficients of four rows spill.
+fn interleaved_columns<S: Simd>(two_terms: bool) -> usize {
+    if two_terms && S::VECTORS_IN_REGISTERS < 32 {
+        2
+    } else {
+        4
+    }
+}
 
 /// Vectors of columns a decode pass keeps in registers (accumulators and, in pass 2, `c`):
 /// half the register file (8 with AVX-512, 4 with AVX2). Summed in registers rather than in a
@@ -487,10 +493,8 @@ impl<St: SimdElement> StateRows<'_, St> {
                 let mut first = 0;
                 while first < vectors {
                     let (col, out) = (first * l, sums.as_mut_ptr().add(first * l));
-                    // Eight sums in flight whatever the register file: they and the row factor
-                    // are all this loop holds.
-                    first += match vectors - first {
-                        8.. => self.sum_block::<S, 8>(src, col, group..end, out),
+                    first += match (vectors - first).min(column_vectors::<S>()) {
+                        8 => self.sum_block::<S, 8>(src, col, group..end, out),
                         4..=7 => self.sum_block::<S, 4>(src, col, group..end, out),
                         3 => self.sum_block::<S, 3>(src, col, group..end, out),
                         2 => self.sum_block::<S, 2>(src, col, group..end, out),

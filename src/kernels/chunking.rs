@@ -166,8 +166,8 @@ thread_local! {
     static TASK_BUFFER: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// `floats` zeroed f32 of this thread's task buffer, starting on a cache line, returned to it on
-/// drop. (A guard, not a closure: closures do not inherit `#[target_feature]`, so SIMD code inside
+/// `floats` f32 of this thread's task buffer (zeroed by [`TaskBuffer::take`]), starting on a
+/// cache line, returned to it on drop. (A guard, not a closure: closures do not inherit `#[target_feature]`, so SIMD code inside
 /// one would not inline.)
 pub struct TaskBuffer {
     lines: Vec<Line>,
@@ -176,12 +176,19 @@ pub struct TaskBuffer {
 
 impl TaskBuffer {
     pub fn take(floats: usize) -> TaskBuffer {
-        let mut lines = TASK_BUFFER.take();
-        // Grows or shrinks to fit; the fill below zeroes reused lines (added ones twice, rarely).
-        lines.resize(lines_for(floats), Line([0.0; LINE_FLOATS]));
-        let mut buf = TaskBuffer { lines, floats };
+        let mut buf = TaskBuffer::take_reused(floats);
         buf.fill(0.0);
         buf
+    }
+
+    /// As [`TaskBuffer::take`] without the zeroing: the values are whatever this thread's last
+    /// task left (or zeros), for a task that writes every element it reads. Zeroing costs as
+    /// much as a short task's work (a Mamba-1 decode block's).
+    pub fn take_reused(floats: usize) -> TaskBuffer {
+        let mut lines = TASK_BUFFER.take();
+        // Grows or shrinks to fit; added lines are zero.
+        lines.resize(lines_for(floats), Line([0.0; LINE_FLOATS]));
+        TaskBuffer { lines, floats }
     }
 }
 

@@ -15,6 +15,7 @@
 //! blocks; outputs go back the same way. States move through the same transposes.
 
 use super::Scan;
+use crate::dtype::DType;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::gdn::gating::softplus_v;
 use crate::kernels::simd::{Simd, load_row_simd, store_row_simd, transpose};
@@ -123,6 +124,12 @@ unsafe fn load_states<S: Simd>(
         .expect("a state slot without a state tensor");
     let nd = args.state_dim;
     unsafe {
+        if st.dtype == DType::F32 && st.strides[3] == 1 {
+            // The channels' rows straight from the pool.
+            let rows = st.at(&[slot, c0, 0, 0]).cast::<f32>();
+            transpose(rows, st.strides[1], h.as_mut_ptr(), wp, w, nd);
+            return;
+        }
         for c in 0..w {
             let row = &mut tmp[c * nd..(c + 1) * nd];
             load_row_simd::<S>(st.at(&[slot, c0 + c, 0, 0]), st.dtype, st.strides[3], row);
@@ -151,6 +158,11 @@ unsafe fn store_states<S: Simd>(
         .expect("a state slot without a state tensor");
     let nd = args.state_dim;
     unsafe {
+        if st.dtype == DType::F32 && st.strides[3] == 1 {
+            let rows = st.at(&[slot, c0, 0, 0]).cast::<f32>();
+            transpose(h.as_ptr(), wp, rows, st.strides[1], nd, w);
+            return;
+        }
         transpose(h.as_ptr(), wp, tmp.as_mut_ptr(), nd, nd, w);
         for c in 0..w {
             let row = &tmp[c * nd..(c + 1) * nd];
@@ -174,7 +186,10 @@ pub unsafe fn sequence_block<S: Simd>(args: &Scan, seq: &Sequence, heads: Range<
     let tile = ld * wp;
     let z_len = if args.z.is_some() { tile } else { 0 };
     let tmp_len = wp * ld.max(nd);
-    let mut buf = TaskBuffer::take(2 * nd * wp + 2 * wp + 3 * tile + z_len + ld * 2 * nd + tmp_len);
+    // Not zeroed: every value read is written first, padding lanes included (zeros: A = 0, a
+    // decay of 1, and x = 0 keep their state 0; nothing of them is stored).
+    let mut buf =
+        TaskBuffer::take_reused(2 * nd * wp + 2 * wp + 3 * tile + z_len + ld * 2 * nd + tmp_len);
     let (a, rest) = buf.split_at_mut(nd * wp);
     let (h, rest) = rest.split_at_mut(nd * wp);
     let (skip, rest) = rest.split_at_mut(wp);
@@ -184,23 +199,43 @@ pub unsafe fn sequence_block<S: Simd>(args: &Scan, seq: &Sequence, heads: Range<
     let (y, rest) = rest.split_at_mut(tile);
     let (z, rest) = rest.split_at_mut(z_len);
     let (bc, tmp) = rest.split_at_mut(ld * 2 * nd);
-    // `a[n * wp + c]`; padding lanes: A = 0 (a decay of 1), x = 0, so their state stays 0 and
-    // nothing is stored.
-    if args.a_per_state() {
-        for c in 0..w {
-            unsafe { args.a_row(c0 + c, &mut tmp[c * nd..(c + 1) * nd]) };
+    // `a[n * wp + c]`.
+    match &args.a_states {
+        // Rows of f32 straight from `A`.
+        Some(at) if at.strides[1] == 1 => unsafe {
+            transpose(
+                at.at(&[c0, 0]).cast(),
+                at.strides[0],
+                a.as_mut_ptr(),
+                wp,
+                w,
+                nd,
+            )
+        },
+        Some(_) => {
+            for c in 0..w {
+                unsafe { args.a_row(c0 + c, &mut tmp[c * nd..(c + 1) * nd]) };
+            }
+            unsafe { transpose(tmp.as_ptr(), nd, a.as_mut_ptr(), wp, w, nd) };
         }
-        unsafe { transpose(tmp.as_ptr(), nd, a.as_mut_ptr(), wp, w, nd) };
-    } else {
-        for n in 0..nd {
-            a[n * wp..n * wp + w].copy_from_slice(&args.a[c0..c0 + w]);
+        None => {
+            for n in 0..nd {
+                a[n * wp..n * wp + w].copy_from_slice(&args.a[c0..c0 + w]);
+            }
         }
     }
     skip[..w].copy_from_slice(&args.d[heads.clone()]);
     bias[..w].copy_from_slice(&args.dt_bias[heads]);
+    skip[w..].fill(0.0);
+    bias[w..].fill(0.0);
     unsafe {
-        if let Some(slot) = seq.read {
-            load_states::<S>(args, slot, c0, w, wp, h, tmp);
+        match seq.read {
+            Some(slot) => load_states::<S>(args, slot, c0, w, wp, h, tmp),
+            None => h.fill(0.0),
+        }
+        for n in 0..nd {
+            a[n * wp + w..(n + 1) * wp].fill(0.0);
+            h[n * wp + w..(n + 1) * wp].fill(0.0);
         }
         let (lo, hi) = (S::splat(args.dt_min), S::splat(args.dt_max));
         for t0 in (0..seq.len).step_by(ld) {
@@ -209,6 +244,14 @@ pub unsafe fn sequence_block<S: Simd>(args: &Scan, seq: &Sequence, heads: Range<
             stage_in::<S>(&args.dt, first, tt, ld, c0, w, wp, step, tmp);
             if let Some(zt) = &args.z {
                 stage_in::<S>(zt, first, tt, ld, c0, w, wp, z, tmp);
+            }
+            for i in 0..tt {
+                let pad = i * wp + w..(i + 1) * wp;
+                x[pad.clone()].fill(0.0);
+                step[pad.clone()].fill(0.0);
+                if args.z.is_some() {
+                    z[pad].fill(0.0);
+                }
             }
             for i in 0..tt {
                 let (b_row, c_row) = bc[i * 2 * nd..(i + 1) * 2 * nd].split_at_mut(nd);

@@ -98,6 +98,9 @@ unsafe fn run_simple_task(kernels: &Kernels, args: &Scan, simple: &[usize], task
     }
 }
 
+/// How many times wider than a prefill's the channel blocks of a decode-only call are.
+const DECODE_BLOCK_FACTOR: usize = 8;
+
 /// A call of one channel per head (`P = 1`, Mamba-1): every sequence, prefill or decode, in
 /// tasks of (sequence, block of channels of one group).
 ///
@@ -105,7 +108,13 @@ unsafe fn run_simple_task(kernels: &Kernels, args: &Scan, simple: &[usize], task
 /// As for [`mamba2_scan`].
 unsafe fn run_channels(ctx: &Context, kernels: &Kernels, args: &Scan) -> Result<()> {
     let group_heads = args.heads / args.groups;
-    let blocks = group_heads.div_ceil(kernels.channel_block);
+    // A decode's work per channel is one token: a task of a few vectors of channels would spend
+    // more on setting up than on the channels, so decode-only calls take wider blocks.
+    let channel_block = match args.sequences.iter().all(|s| s.len <= 1) {
+        true => kernels.channel_block * DECODE_BLOCK_FACTOR,
+        false => kernels.channel_block,
+    };
+    let blocks = group_heads.div_ceil(channel_block);
     let per_sequence = args.groups * blocks;
     let bytes = recurrent_bytes(
         &args.sequences,
@@ -116,8 +125,8 @@ unsafe fn run_channels(ctx: &Context, kernels: &Kernels, args: &Scan) -> Result<
     ctx.for_each_moving(args.sequences.len() * per_sequence, bytes, |task| {
         let seq = &args.sequences[task / per_sequence];
         let (g, block) = (task % per_sequence / blocks, task % blocks);
-        let start = g * group_heads + block * kernels.channel_block;
-        let heads = start..(start + kernels.channel_block).min((g + 1) * group_heads);
+        let start = g * group_heads + block * channel_block;
+        let heads = start..(start + channel_block).min((g + 1) * group_heads);
         // SAFETY: each task owns its sequence's output rows and slots for its channels.
         unsafe {
             if seq.padded {

@@ -288,56 +288,42 @@ unsafe fn decode_span<S: Simd, Io: RowIo<S>, const R: usize>(
     }
 }
 
-/// Rows `p..p + R` of a decode straight on the slot rows (contiguous, dtype `St`):
-/// `h = a h + s[i] B` read from row `p + i` of `read` (zeros when `None`), stored to row `p + i`
-/// of `write` (when given); returns `y[p + i] = h . C`, each summed as the blocked recurrence
-/// sums it. `bc` holds B and C of the token, zero-padded to whole vectors.
+/// Rows `0..R` of `slots` (a decode straight on the slot rows: contiguous, dtype `St`):
+/// `h = a h + s[i] B` from row `i` of `src` (zeros without), stored to row `i` of `dst` (when
+/// given); returns `y[i] = h . C`, each summed as the blocked recurrence sums it. `bc` holds B
+/// and C of the token, zero-padded to whole vectors; `nd` is `N`.
 ///
 /// # Safety
-/// As for [`sequence_head`]; the state is contiguous in `n` and of dtype `St`; `p + R <= P`.
+/// The slots' pointers are valid for `R` rows of `N` values; the CPU supports `S`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn decode_rows<S: Simd, St: SimdElement, Dc: Decays<S>, const R: usize>(
-    args: &Scan,
-    read: Option<usize>,
-    write: Option<usize>,
-    h: usize,
-    p: usize,
-    decay: Dc,
+    slots: Slots<St, Dc>,
     s: [f32; R],
     bc: &[f32],
+    nd: usize,
 ) -> [f32; R] {
-    let st = args
-        .state
-        .as_ref()
-        .expect("a decode in place without a state tensor");
-    let (nd, l) = (args.state_dim, S::LANES);
+    let l = S::LANES;
     let np = nd.next_multiple_of(l);
     let full = nd / l * l;
-    let row_len = st.strides[2];
-    let src = read.map(|slot| st.at(&[slot, h, p, 0]).cast::<St>());
-    let dst = write.map(|slot| st.at(&[slot, h, p, 0]).cast::<St>());
     unsafe {
         let (b_row, c_row) = (bc.as_ptr(), bc.as_ptr().add(np));
-        let slots = Slots {
-            src: src.map(|p| p.cast_const()),
-            dst,
-            row_len,
-            decay,
-        };
         let sv: [S::V; R] = std::array::from_fn(|i| S::splat(s[i]));
-        let mut acc = match (src.is_some(), dst.is_some()) {
+        let mut acc = match (slots.src.is_some(), slots.dst.is_some()) {
             (true, true) => {
-                decode_span::<S, _, R>(Known::<St, Dc, true, true>(slots), sv, b_row, c_row, full)
+                let io = Known::<St, Dc, true, true>(slots);
+                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
             }
             (true, false) => {
-                decode_span::<S, _, R>(Known::<St, Dc, true, false>(slots), sv, b_row, c_row, full)
+                let io = Known::<St, Dc, true, false>(slots);
+                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
             }
             (false, true) => {
-                decode_span::<S, _, R>(Known::<St, Dc, false, true>(slots), sv, b_row, c_row, full)
+                let io = Known::<St, Dc, false, true>(slots);
+                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
             }
             (false, false) => {
-                decode_span::<S, _, R>(Known::<St, Dc, false, false>(slots), sv, b_row, c_row, full)
+                let io = Known::<St, Dc, false, false>(slots);
+                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
             }
         };
         let k = full / l;
@@ -345,16 +331,13 @@ unsafe fn decode_rows<S: Simd, St: SimdElement, Dc: Decays<S>, const R: usize>(
         for i in 0..R {
             if full < nd {
                 // The tail through a zero-padded vector, as the blocked path's padded row.
-                let (src, dst) = (
-                    src.map(|p| p.add(i * row_len)),
-                    dst.map(|p| p.add(i * row_len)),
-                );
+                let row = i * slots.row_len;
                 let mut tail = [0f32; 16];
                 for n in full..nd {
-                    let old = src.map_or(0.0, |src| (*src.add(n)).to_f32());
-                    tail[n - full] = old.mul_add(decay.one(0, n), s[i] * bc[n]);
-                    if let Some(dst) = dst {
-                        *dst.add(n) = St::from_f32(tail[n - full]);
+                    let old = slots.src.map_or(0.0, |src| (*src.add(row + n)).to_f32());
+                    tail[n - full] = old.mul_add(slots.decay.one(0, n), s[i] * bc[n]);
+                    if let Some(dst) = slots.dst {
+                        *dst.add(row + n) = St::from_f32(tail[n - full]);
                     }
                 }
                 acc[i][k & 1] = S::fma(
@@ -478,20 +461,7 @@ unsafe fn rows<S: Simd, St: SimdElement, Dc: Decays<S>>(
     // A decode on a contiguous state of dtype `St` updates the slot's rows in place: no copy.
     let in_place = len == 1 && st.is_some_and(|st| st.strides[3] == 1 && st.dtype == St::DTYPE);
     if in_place {
-        let mut p = 0;
-        while p < pd {
-            p += match pd - p {
-                DECODE_ROWS.. => unsafe {
-                    decode_in_place::<S, St, Dc, DECODE_ROWS>(
-                        args, seq, h, p, decay, step, bc, x, y,
-                    )
-                },
-                _ => unsafe {
-                    decode_in_place::<S, St, Dc, 1>(args, seq, h, p, decay, step, bc, x, y)
-                },
-            };
-        }
-        return;
+        return unsafe { decode_in_place::<S, St, Dc>(args, seq, h, decay, step[0], bc, x, y) };
     }
     for p in 0..pd {
         if let (Some(st), Some(slot)) = (st, seq.read) {
@@ -538,63 +508,87 @@ unsafe fn rows<S: Simd, St: SimdElement, Dc: Decays<S>>(
     }
 }
 
-/// Rows `p..p + R` of a one-token sequence updated in place on its slot (see [`rows`]); returns
-/// `R`.
+/// A one-token sequence's head updated in place on its slot (see [`rows`]), [`DECODE_ROWS`] rows
+/// at a time, the row pointers stepped rather than recomputed from the indices per row.
 ///
 /// # Safety
-/// As for [`rows`]; the state is contiguous in `n` and of dtype `St`; `p + R <= P`.
+/// As for [`rows`]; the state is contiguous in `n` and of dtype `St`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn decode_in_place<S: Simd, St: SimdElement, Dc: Decays<S>, const R: usize>(
+unsafe fn decode_in_place<S: Simd, St: SimdElement, Dc: Decays<S>>(
     args: &Scan,
     seq: &Sequence,
     h: usize,
-    p: usize,
     decay: Dc,
-    step: &[f32],
+    step: f32,
     bc: &[f32],
     x: &[f32],
     y: &mut [f32],
-) -> usize {
+) {
     let (pd, nd) = (args.head_dim, args.state_dim);
-    let st = args.state.as_ref();
-    if let (Some(st), Some(slot)) = (st, seq.read) {
-        // Rows ahead (the hardware prefetchers stop at page boundaries), and at the last rows
-        // the next head's first rows: the next task is usually that head.
-        for ahead in p + PREFETCH_ROWS..p + PREFETCH_ROWS + R {
-            let (hh, pp) = if ahead < pd {
-                (h, ahead)
-            } else {
-                (h + 1, ahead - pd)
-            };
-            if hh < args.heads && pp < pd {
-                prefetch(st.at(&[slot, hh, pp, 0]), nd * st.dtype.size());
-            }
-        }
-    }
+    let st = args
+        .state
+        .as_ref()
+        .expect("a decode in place without a state tensor");
     let write = match &seq.write {
         StateWrite::Final(slot) => Some(*slot),
         StateWrite::PerToken(slots) => slots[0],
         StateWrite::Nothing => None,
     };
+    let row = |slot: usize, head: usize| st.at(&[slot, head, 0, 0]).cast::<St>();
+    let (src, dst) = (
+        seq.read.map(|slot| row(slot, h)),
+        write.map(|slot| row(slot, h)),
+    );
+    // Rows ahead (the hardware prefetchers stop at page boundaries), and at the last rows the
+    // next head's first rows: the next task is usually that head.
+    let next = seq
+        .read
+        .filter(|_| h + 1 < args.heads)
+        .map(|slot| row(slot, h + 1));
+    let (row_len, row_bytes) = (st.strides[2], nd * size_of::<St>());
+    let prefetch_row = |r: usize| match (src, next) {
+        (Some(src), _) if r < pd => prefetch(src.wrapping_add(r * row_len).cast(), row_bytes),
+        (_, Some(next)) if r < 2 * pd => {
+            prefetch(next.wrapping_add((r - pd) * row_len).cast(), row_bytes)
+        }
+        _ => {}
+    };
+    let mut p = 0;
     unsafe {
-        let s: [f32; R] = std::array::from_fn(|i| step[0] * x[p + i]);
-        let out = decode_rows::<S, St, Dc, R>(args, seq.read, write, h, p, decay, s, bc);
-        y[p..p + R].copy_from_slice(&out);
+        while p < pd {
+            let slots = Slots {
+                src: src.map(|src| src.add(p * row_len).cast_const()),
+                dst: dst.map(|dst| dst.add(p * row_len)),
+                row_len,
+                decay,
+            };
+            if pd - p >= DECODE_ROWS {
+                (p..p + DECODE_ROWS).for_each(|r| prefetch_row(r + PREFETCH_ROWS));
+                let s = std::array::from_fn(|i| step * x[p + i]);
+                let out = decode_rows::<S, St, Dc, DECODE_ROWS>(slots, s, bc, nd);
+                y[p..p + DECODE_ROWS].copy_from_slice(&out);
+                p += DECODE_ROWS;
+            } else {
+                prefetch_row(p + PREFETCH_ROWS);
+                [y[p]] = decode_rows::<S, St, Dc, 1>(slots, [step * x[p]], bc, nd);
+                p += 1;
+            }
+        }
         // A checkpoint of a decode is its final state: the rows as just stored.
-        if let (Some(st), Some(slot)) = (st, write) {
+        if let Some(slot) = write {
             for cp in &seq.checkpoints {
-                for pp in p..p + R {
+                for p in 0..pd {
+                    let at = p * row_len;
                     std::ptr::copy_nonoverlapping(
-                        st.at(&[slot, h, pp, 0]).cast::<St>(),
-                        st.at(&[cp.slot, h, pp, 0]).cast::<St>(),
+                        row(slot, h).add(at),
+                        row(cp.slot, h).add(at),
                         nd,
                     );
                 }
             }
         }
     }
-    R
 }
 
 /// Zero output rows of a padded sequence for one head.

@@ -187,7 +187,7 @@ fn update(cfg: &Config, report: &mut Report, dtype: DType, batch: usize, dim: us
         Work::Bytes(0.0),
         "silu, bias".into(),
     );
-    measure(cfg, report, template, bytes, |isa, ctx| unsafe {
+    let mut call = |isa, ctx: &Ctx| unsafe {
         with_isa(isa, || {
             ssmk_causal_conv1d_update(
                 ctx.0,
@@ -202,7 +202,23 @@ fn update(cfg: &Config, report: &mut Report, dtype: DType, batch: usize, dim: us
                 &mut od,
             )
         })
-    });
+    };
+    measure(cfg, report, template, bytes, &mut call);
+    if cfg.simulating() {
+        return;
+    }
+    // Against the bound of an in-place update of the same state bytes, as the other decodes.
+    let call = std::cell::RefCell::new(call);
+    layers::decode_rows(
+        cfg,
+        report,
+        "causal_conv1d_update",
+        format!("B={batch} D={dim} W={width} state"),
+        short(dtype),
+        2.0 * states.bytes() as f64,
+        bytes as f64,
+        |isa, ctx| ok(call.borrow_mut()(isa, ctx)),
+    );
 }
 
 pub fn run(cfg: &Config, report: &mut Report) {
@@ -221,5 +237,7 @@ pub fn run(cfg: &Config, report: &mut Report) {
             format!("{:.2}", other / bf16),
         );
     }
-    update(cfg, report, DType::BF16, cfg.pick(256, 64), dim, 4);
+    for batch in [1, cfg.pick(64, 8), cfg.pick(256, 64)] {
+        update(cfg, report, DType::BF16, batch, dim, 4);
+    }
 }

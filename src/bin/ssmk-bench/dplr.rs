@@ -169,6 +169,7 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize, value_major: bool) {
         report,
         "dplr_delta_rule decode",
         format!("B={batch} H={HEADS} K=V=64 {}", call.layout()),
+        "bf16 in/f32 state",
         2.0 * call.state.bytes() as f64,
         call.bytes(),
         |isa, ctx| call.call(isa, ctx),

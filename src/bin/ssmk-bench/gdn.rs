@@ -273,6 +273,7 @@ fn decode(cfg: &Config, report: &mut Report, heads: Heads, batch: usize, k_conti
         report,
         op,
         shape,
+        "bf16 in/f32 state",
         state_bytes,
         call.bytes(),
         |isa, ctx| call.call(isa, ctx),

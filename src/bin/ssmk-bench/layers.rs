@@ -173,11 +173,13 @@ pub fn layer_steps<S: LayerStep>(
 /// many bytes on as many threads, [`Rmw`]; the note gives the same-run memcpy too) and the
 /// portable reference kernels; or, when simulating, its replay (`call_bytes`: everything the call
 /// moves).
+#[allow(clippy::too_many_arguments)]
 pub fn decode_rows(
     cfg: &Config,
     report: &mut Report,
     op: &str,
     shape: String,
+    dtype: &str,
     state_bytes: f64,
     call_bytes: f64,
     call: impl Fn(Isa, &Ctx),
@@ -197,7 +199,7 @@ pub fn decode_rows(
         let mut r = Row::new(
             op,
             shape.clone(),
-            "bf16 in/f32 state",
+            dtype,
             threads,
             t,
             Work::Bytes(state_bytes),
@@ -219,7 +221,7 @@ pub fn decode_rows(
         report.push(Row::new(
             op,
             format!("{shape} cold"),
-            "bf16 in/f32 state",
+            dtype,
             threads,
             t,
             Work::Bytes(state_bytes),

@@ -178,6 +178,7 @@ fn decode(cfg: &Config, report: &mut Report, batch: usize) {
         report,
         "mamba2_scan decode",
         shape,
+        "bf16 in/f32 state",
         state_bytes,
         call.bytes(),
         |isa, ctx| call.call(isa, ctx),

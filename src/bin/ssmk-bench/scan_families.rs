@@ -314,6 +314,7 @@ pub fn run(cfg: &Config, report: &mut Report) {
         report,
         "mamba1_scan decode",
         format!("B={batch} d_inner=8192 N=16"),
+        "bf16 in/f32 state",
         2.0 * decode.state.buf.bytes() as f64,
         decode.bytes(),
         |isa, ctx| decode.call(isa, ctx),

@@ -27,6 +27,24 @@ pub(crate) const DECODE_PREFETCH_ROWS: usize = 8;
 /// rows of 128, in L1 while every column block of them is summed).
 const DECODE_ROW_GROUP: usize = 8;
 
+/// `$self.$method::<S, READ, WRITE, TWO>(args)` with the presence of the old state, the new state
+/// and the second rank-1 term made compile-time constants (matching the `Option`s per vector kept
+/// the loop's values on the stack).
+macro_rules! with_known_presence {
+    ($self:ident.$method:ident::<$s:ident>($($arg:expr),*)) => {
+        match ($self.read.is_some(), $self.write.is_some(), $self.k2.is_some()) {
+            (true, true, false) => $self.$method::<$s, true, true, false>($($arg),*),
+            (true, false, false) => $self.$method::<$s, true, false, false>($($arg),*),
+            (false, true, false) => $self.$method::<$s, false, true, false>($($arg),*),
+            (false, false, false) => $self.$method::<$s, false, false, false>($($arg),*),
+            (true, true, true) => $self.$method::<$s, true, true, true>($($arg),*),
+            (true, false, true) => $self.$method::<$s, true, false, true>($($arg),*),
+            (false, true, true) => $self.$method::<$s, false, true, true>($($arg),*),
+            (false, false, true) => $self.$method::<$s, false, false, true>($($arg),*),
+        }
+    };
+}
+
 /// A checkpoint of a decode is its final state: copies the `rows` rows of `row_len` values just
 /// stored to slot `written` (`row(slot, i)`: row `i` of a slot) to every checkpoint slot of `seq`,
 /// bit for bit.
@@ -83,20 +101,7 @@ impl<St: SimdElement> StateColumns<'_, St> {
     /// The pointers are valid for `V` rows of `K` values; the CPU supports `S`.
     #[inline(always)]
     pub(crate) unsafe fn run<S: Simd>(&self, terms: &impl ColumnTerms, o: &mut [f32]) {
-        // The presence of the old and the new state and of the second term is fixed at compile
-        // time, as in [`StateRows::run`].
-        unsafe {
-            match (self.read.is_some(), self.write.is_some(), self.k2.is_some()) {
-                (true, true, false) => self.groups::<S, true, true, false>(terms, o),
-                (true, false, false) => self.groups::<S, true, false, false>(terms, o),
-                (false, true, false) => self.groups::<S, false, true, false>(terms, o),
-                (false, false, false) => self.groups::<S, false, false, false>(terms, o),
-                (true, true, true) => self.groups::<S, true, true, true>(terms, o),
-                (true, false, true) => self.groups::<S, true, false, true>(terms, o),
-                (false, true, true) => self.groups::<S, false, true, true>(terms, o),
-                (false, false, true) => self.groups::<S, false, false, true>(terms, o),
-            }
-        }
+        unsafe { with_known_presence!(self.groups::<S>(terms, o)) }
     }
 
     #[inline(always)]
@@ -390,20 +395,7 @@ impl<St: SimdElement> StateRows<'_, St> {
     /// The pointers are valid for `K` rows of `V` values; the CPU supports `S`.
     #[inline(always)]
     pub(crate) unsafe fn run<S: Simd>(&self, terms: &impl ColumnTerms, o: &mut [f32]) {
-        // The presence of the old and the new state and of the second term is fixed at compile
-        // time (matching the `Option`s per vector kept the loop's values on the stack).
-        unsafe {
-            match (self.read.is_some(), self.write.is_some(), self.k2.is_some()) {
-                (true, true, false) => self.tiles::<S, true, true, false>(terms, o),
-                (true, false, false) => self.tiles::<S, true, false, false>(terms, o),
-                (false, true, false) => self.tiles::<S, false, true, false>(terms, o),
-                (false, false, false) => self.tiles::<S, false, false, false>(terms, o),
-                (true, true, true) => self.tiles::<S, true, true, true>(terms, o),
-                (true, false, true) => self.tiles::<S, true, false, true>(terms, o),
-                (false, true, true) => self.tiles::<S, false, true, true>(terms, o),
-                (false, false, true) => self.tiles::<S, false, false, true>(terms, o),
-            }
-        }
+        unsafe { with_known_presence!(self.tiles::<S>(terms, o)) }
     }
 
     #[inline(always)]

@@ -100,6 +100,63 @@ impl Matrix {
     }
 }
 
+impl Matrix {
+    /// Columns `0..cols` of rows `i0..i0 + n` as f32, column `j` to `out[j * stride..][..n]`: one
+    /// pass reading each row's columns together (a conv's `[D, W]` taps, widened per task), where
+    /// a pass per column reads every row `cols` times. Widths 3 and 4 (the models' convs) unroll.
+    ///
+    /// # Safety
+    /// Those elements lie inside the validated array; `out` holds `(cols - 1) * stride + n`
+    /// floats and overlaps nothing read.
+    pub unsafe fn columns(&self, i0: usize, n: usize, cols: usize, out: *mut f32, stride: usize) {
+        #[inline(always)]
+        unsafe fn rows<E: crate::dtype::Element, const C: usize>(
+            m: &Matrix,
+            i0: usize,
+            n: usize,
+            cols: usize,
+            out: *mut f32,
+            stride: usize,
+        ) {
+            let cols = if C == 0 { cols } else { C };
+            let base = m.ptr.cast::<E>().wrapping_add(i0 * m.s0);
+            for i in 0..n {
+                let row = base.wrapping_add(i * m.s0);
+                for j in 0..cols {
+                    unsafe {
+                        out.add(j * stride + i)
+                            .write(row.add(j * m.s1).read().to_f32())
+                    };
+                }
+            }
+        }
+        unsafe fn read<E: crate::dtype::Element>(
+            m: &Matrix,
+            i0: usize,
+            n: usize,
+            cols: usize,
+            out: *mut f32,
+            stride: usize,
+        ) {
+            unsafe {
+                match cols {
+                    3 => rows::<E, 3>(m, i0, n, cols, out, stride),
+                    4 => rows::<E, 4>(m, i0, n, cols, out, stride),
+                    _ => rows::<E, 0>(m, i0, n, cols, out, stride),
+                }
+            }
+        }
+        unsafe {
+            match self.dtype {
+                DType::F32 => read::<f32>(self, i0, n, cols, out, stride),
+                DType::BF16 => read::<half::bf16>(self, i0, n, cols, out, stride),
+                DType::F16 => read::<half::f16>(self, i0, n, cols, out, stride),
+                d => unreachable!("validated float dtype {d:?}"),
+            }
+        }
+    }
+}
+
 /// Reads element `index` of a float array of `dtype` as f32.
 ///
 /// # Safety

@@ -614,12 +614,11 @@ impl Taps {
         // Rows, zeros, gathered rows: the task buffer starts on a cache line, `stride` keeps each
         // row on one, and the buffer comes zeroed.
         let mut buffer = TaskBuffer::take(rows * stride + cn + gathered_len);
+        unsafe { p.weight.columns(c0, cn, w, buffer.as_mut_ptr(), stride) };
         for (k, row) in buffer.chunks_mut(stride).take(w + 1).enumerate() {
             let row = &mut row[..cn];
-            match (k < w, p.bias) {
-                (true, _) => unsafe { p.weight.column(k, c0, row) },
-                (false, Some(bias)) => unsafe { bias.column(0, c0, row) },
-                (false, None) => {}
+            if let (true, Some(bias)) = (k == w, p.bias) {
+                unsafe { bias.column(0, c0, row) };
             }
             if (0..S::LANES).any(|l| S::lane_channel(l) != l) {
                 for lanes in row.chunks_exact_mut(S::LANES) {
@@ -1083,6 +1082,17 @@ unsafe fn tile_rows<
     let vec_end = cn / S::LANES * S::LANES;
     let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(w)));
     let mut v = 0;
+    if R == 1 && keep.is_none() {
+        let (orow, xrow) = (orows[0], xrows[0]);
+        v = match S::VECTORS_IN_REGISTERS < 16 {
+            true => unsafe {
+                one_token_groups::<S, A, Io, Win, W, 2>(p, c0, vec_end, &tap, orow, xrow, io, win)
+            },
+            false => unsafe {
+                one_token_groups::<S, A, Io, Win, W, 4>(p, c0, vec_end, &tap, orow, xrow, io, win)
+            },
+        };
+    }
     while v < vec_end {
         let c = c0 + v;
         unsafe {
@@ -1153,6 +1163,62 @@ unsafe fn tile_rows<
         }
         unsafe { win.stored(c, 1) };
     }
+}
+
+/// The channel vectors of a one-token tile (a decode, or a piece's last tokens), `G` at a time
+/// from block channel 0; returns the first not done. One token gives silu one vector per
+/// channel vector, and its dependency chain (clamp, exp polynomial, divide) is longer than the
+/// rest of a vector's work: `G` chains side by side keep the FP units busy (per vector the same
+/// operations as [`tile_rows`]' loop, so the same results).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_token_groups<
+    S: Simd,
+    A: SimdElement,
+    Io: RowIo,
+    Win: Window,
+    const W: usize,
+    const G: usize,
+>(
+    p: &Problem,
+    c0: usize,
+    vec_end: usize,
+    tap: &[*const f32; MAX_WIDTH + 1],
+    orow: *mut A,
+    xrow: *const A,
+    io: &Io,
+    win: &Win,
+) -> usize {
+    let w = width::<W>(p);
+    let line = 64 / size_of::<A>();
+    let mut v = 0;
+    while v + G * S::LANES <= vec_end {
+        let mut acc = [unsafe { S::zero() }; G];
+        for (g, acc) in acc.iter_mut().enumerate() {
+            let (vg, c) = (v + g * S::LANES, c0 + v + g * S::LANES);
+            unsafe {
+                if c.is_multiple_of(line) {
+                    io.prefetch::<A>(xrow, c + PREFETCH_LINES * line);
+                }
+                *acc = S::load_lane_order(tap[w].add(vg));
+                for k in 0..w {
+                    let wk = S::load_lane_order(tap[k].add(vg));
+                    *acc = S::fma(wk, win.load::<S, A, Io>(k, io, c), *acc);
+                }
+            }
+        }
+        unsafe {
+            if p.silu {
+                silu_rows::<S, A, G>(&mut acc);
+            }
+            for (g, acc) in acc.into_iter().enumerate() {
+                io.store::<S, A>(orow, xrow, c0 + v + g * S::LANES, acc);
+            }
+            win.stored(c0 + v, G * S::LANES);
+        }
+        v += G * S::LANES;
+    }
+    v
 }
 
 /// Row of the slot holding history entry 0 (relative time `-(W-1)`).

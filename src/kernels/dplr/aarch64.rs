@@ -7,5 +7,5 @@ dplr_entry_points!(neon, crate::kernels::simd::Neon, "neon");
 
 /// The recurrence for `isa` (NEON, the one SIMD level).
 pub(super) fn head(_isa: Isa) -> HeadFn {
-    neon::HEAD
+    neon::HEADS
 }

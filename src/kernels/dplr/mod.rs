@@ -65,9 +65,9 @@ impl DplrRule {
     }
 }
 
-/// The kernel of one (sequence, head) task of a live sequence.
+/// The kernel of one task of a live sequence: a group of its heads.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-type HeadFn = unsafe fn(&DplrRule, &Sequence, usize);
+type HeadFn = unsafe fn(&DplrRule, &Sequence, std::ops::Range<usize>);
 
 /// A module `$module` whose `HEAD` is the generic recurrence instantiated for `$simd` under
 /// `$features`, for the call's state dtype.
@@ -80,24 +80,32 @@ macro_rules! dplr_entry_points {
             use crate::kernels::Sequence;
 
             #[target_feature(enable = $features)]
-            unsafe fn sequence_head(args: &DplrRule, seq: &Sequence, h: usize) {
+            unsafe fn sequence_heads(args: &DplrRule, seq: &Sequence, heads: std::ops::Range<usize>) {
                 let dtype = args.state.as_ref().map_or(DType::F32, |s| s.dtype);
                 crate::with_float_type!(dtype, St => unsafe {
-                    if !decode::decode::<$simd, St>(args, seq, h) {
-                        recurrent::sequence_head::<$simd, St>(args, seq, h)
+                    // Whether the decode path takes a call does not depend on the head: it takes
+                    // every head of the group or returns false at the first, having done nothing.
+                    if !heads.clone().all(|h| decode::decode::<$simd, St>(args, seq, h)) {
+                        recurrent::sequence_heads::<$simd, St>(args, seq, heads)
                     }
                 })
             }
 
-            pub(in crate::kernels::dplr) const HEAD: HeadFn = sequence_head;
+            pub(in crate::kernels::dplr) const HEADS: HeadFn = sequence_heads;
         }
     };
 }
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) use dplr_entry_points;
 
+/// Heads a task of a prefill takes together at most (see `recurrent::sequence_heads`): their
+/// states and `sa` rows, 8 x 16.25 KiB at head size 64, stay in L2.
+const MAX_HEAD_GROUP: usize = 8;
+
 /// Runs the DPLR delta rule with the implementation for `isa` (`Isa::Scalar` = the f64
-/// reference), one task per (sequence, head): results are bitwise identical for any thread
+/// reference), one task per sequence and group of heads (one head, or up to [`MAX_HEAD_GROUP`]
+/// when a sequence is longer than a chunk and there are tasks enough for the threads): each
+/// head's arithmetic is the same in any group, so results are bitwise identical for any thread
 /// count.
 ///
 /// # Safety
@@ -117,18 +125,33 @@ pub unsafe fn dplr_delta_rule(ctx: &Context, isa: Isa, args: &DplrRule) {
             args.heads,
             args.k_dim * args.v_dim * state_size,
         );
-        ctx.for_each_moving(args.sequences.len() * args.heads, bytes, |task| {
-            let (seq, h) = (&args.sequences[task / args.heads], task % args.heads);
-            // SAFETY: each task owns its sequence's output rows and slots for one head.
+        let long = args
+            .sequences
+            .iter()
+            .any(|s| s.len > recurrent::CHUNK_TOKENS);
+        let group = match long {
+            true => {
+                (args.sequences.len() * args.heads / (2 * ctx.threads())).clamp(1, MAX_HEAD_GROUP)
+            }
+            false => 1,
+        };
+        let groups = args.heads.div_ceil(group);
+        ctx.for_each_moving(args.sequences.len() * groups, bytes, |task| {
+            let seq = &args.sequences[task / groups];
+            let first = task % groups * group;
+            let heads = first..(first + group).min(args.heads);
+            // SAFETY: each task owns its sequence's output rows and slots for its heads.
             unsafe {
                 match seq.padded {
-                    true => crate::kernels::state_blocks::zero_rows(
-                        &args.out,
-                        seq.start..seq.start + seq.len,
-                        h,
-                        args.v_dim,
-                    ),
-                    false => head(args, seq, h),
+                    true => heads.for_each(|h| {
+                        crate::kernels::state_blocks::zero_rows(
+                            &args.out,
+                            seq.start..seq.start + seq.len,
+                            h,
+                            args.v_dim,
+                        )
+                    }),
+                    false => head(args, seq, heads),
                 }
             }
         });

@@ -1,10 +1,11 @@
 //! The per-token recurrence in f32 SIMD, for every sequence of a call.
 //!
-//! A task runs one (sequence, head). Columns of the state evolve independently, so the `K x V`
-//! state is held in column blocks of `2 * LANES` (see [`crate::kernels::state_blocks`]), loaded
-//! once per call and stored once (once per token written in speculative mode or at a
-//! checkpoint), whatever the pool's layout: `[k][v]`, ggml's transposed `[v][k]`, or other
-//! strides. At head size 64 the whole f32 state (16 KiB) stays in L1.
+//! A task runs one sequence's group of heads (see [`sequence_heads`]). Columns of the state
+//! evolve independently, so the `K x V` state is held in column blocks of `2 * LANES` (see
+//! [`crate::kernels::state_blocks`]), loaded once per call and stored once (once per token written
+//! in speculative mode or at a checkpoint), whatever the pool's layout: `[k][v]`, ggml's
+//! transposed `[v][k]`, or other strides. At head size 64 the whole f32 state (16 KiB) stays in
+//! L1 while a head runs.
 //!
 //! Each token is one pass over the state, fused: row `x` of a block becomes
 //! `d[x] S[x] + b[x] sa + k[x] v`, is stored, and adds `r[x] S[x]` to the output and
@@ -22,11 +23,12 @@ use crate::kernels::state_blocks::HeadStates;
 use crate::kernels::strided::{Strided, prefetch, prefetch_l2};
 use crate::kernels::{Sequence, StateWrite};
 
-/// How many tokens ahead a task prefetches its input rows into L2. A head's rows of successive
-/// tokens are `H K` values apart (a page or more), where the hardware prefetchers stop; the
-/// latency to cover is DRAM's plus a page walk per row. Measured on Zen 3 (a C replica of the
-/// loop, 32 heads of 64, 2048 tokens, CPU time): no input loads 27 ms, rows prefetched 4 tokens
-/// ahead 65-70 ms, 32 ahead 43-46 ms.
+/// How many tokens ahead a head run alone prefetches its input rows into L2. A head's rows of
+/// successive tokens are `H K` values apart (a page or more), where the hardware prefetchers
+/// stop; the latency to cover is DRAM's plus a page walk per row. Measured on Zen 3 (a C replica
+/// of the loop, 32 heads of 64, 2048 tokens, CPU time): no input loads 27 ms, rows prefetched 4
+/// tokens ahead 65-70 ms, 32 ahead 43-46 ms. Heads run in groups prefetch the next run instead
+/// ([`Ahead::Run`]).
 const PREFETCH_TOKENS: usize = 32;
 
 /// One token's inputs as f32 (`r` times the scale, the decay factors `d`), each row padded with
@@ -60,15 +62,30 @@ unsafe fn load<S: Simd>(t: &Strided, token: usize, h: usize, dst: &mut [f32]) {
     unsafe { load_row_simd::<S>(t.at(&[token, h]), t.dtype, t.strides[2], dst) }
 }
 
-/// Reads the rows of token `token + PREFETCH_TOKENS` of head `h` into L2.
-#[inline(always)]
-fn prefetch_ahead(args: &DplrRule, token: usize, h: usize) {
-    let ahead = token + PREFETCH_TOKENS;
-    if ahead < args.tokens {
-        for t in [&args.r, &args.w, &args.k, &args.a, &args.b] {
-            prefetch_l2(t.at(&[ahead, h]), args.k_dim * t.dtype.size());
+/// Which input rows a task asks into L2 while it runs a token: rows it reads a while later.
+#[derive(Clone, Copy)]
+pub(super) enum Ahead {
+    /// The same head's, [`PREFETCH_TOKENS`] tokens later: a head run alone through its tokens.
+    Tokens,
+    /// Head `head`'s, `tokens` later: the run that follows this one in a group of heads, a
+    /// run's time ahead.
+    Run { head: usize, tokens: usize },
+}
+
+impl Ahead {
+    /// Reads into L2 the rows this asks for while token `token` of head `h` runs.
+    #[inline(always)]
+    fn prefetch(self, args: &DplrRule, token: usize, h: usize) {
+        let (token, h) = match self {
+            Ahead::Tokens => (token + PREFETCH_TOKENS, h),
+            Ahead::Run { head, tokens } => (token + tokens, head),
+        };
+        if token < args.tokens {
+            for t in [&args.r, &args.w, &args.k, &args.a, &args.b] {
+                prefetch_l2(t.at(&[token, h]), args.k_dim * t.dtype.size());
+            }
+            prefetch_l2(args.v.at(&[token, h]), args.v_dim * args.v.dtype.size());
         }
-        prefetch_l2(args.v.at(&[ahead, h]), args.v_dim * args.v.dtype.size());
     }
 }
 
@@ -87,13 +104,12 @@ fn rows_in_place<S: Simd>(args: &DplrRule) -> bool {
 }
 
 /// Token `token`'s rows of head `h` in the caller's tensors (see [`rows_in_place`]), the next
-/// token's asked into L1 and the one [`PREFETCH_TOKENS`] ahead into L2.
+/// token's asked into L1.
 ///
 /// # Safety
 /// As for [`super::dplr_delta_rule`], and [`rows_in_place`] holds.
 #[inline(always)]
 unsafe fn borrow_token(args: &DplrRule, token: usize, h: usize) -> TokenRow<'_> {
-    prefetch_ahead(args, token, h);
     let (kd, vd) = (args.k_dim, args.v_dim);
     if token + 1 < args.tokens {
         for t in [&args.r, &args.w, &args.k, &args.a, &args.b] {
@@ -128,7 +144,6 @@ unsafe fn borrow_row(t: &Strided, token: usize, h: usize, n: usize) -> &[f32] {
 #[inline(always)]
 pub(super) unsafe fn load_token<S: Simd>(args: &DplrRule, token: usize, h: usize, buf: &mut [f32]) {
     let (kd, vd) = (args.k_dim, args.v_dim);
-    prefetch_ahead(args, token, h);
     let (r, rest) = buf.split_at_mut(kd);
     let (d, rest) = rest.split_at_mut(kd);
     let (k, rest) = rest.split_at_mut(kd);
@@ -221,57 +236,145 @@ unsafe fn token_block<S: Simd, const NEXT: bool>(
     }
 }
 
-/// Runs one (sequence, head) of a live (not padded) sequence through the recurrence, with the
-/// state pool (if any) of dtype `St`.
+/// Tokens a task runs of one head before it turns to the next head of its group.
+pub(super) const CHUNK_TOKENS: usize = 64;
+
+/// Runs heads `heads` of a live (not padded) sequence through the recurrence, with the state pool
+/// (if any) of dtype `St`, in runs of [`CHUNK_TOKENS`] tokens taken by each head in turn: the
+/// group's rows of a token are adjacent in every input (`[T, H, K]`), where one head's rows of
+/// successive tokens lie `H K` values apart, a page or more, on the same cache sets. Each head
+/// keeps its state (column blocks) and its next token's `sa` between runs, so a head's
+/// arithmetic is the same for any group.
 ///
 /// # Safety
 /// As for [`super::dplr_delta_rule`]; the CPU supports `S`.
 #[inline(always)]
-pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, h: usize) {
+pub unsafe fn sequence_heads<S: Simd, St: SimdElement>(
+    args: &DplrRule,
+    seq: &Sequence,
+    heads: std::ops::Range<usize>,
+) {
     let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
     let blocks_n = vd.div_ceil(w);
     let padded_v = blocks_n * w;
     let row_len = token_floats(kd, padded_v);
     let state_len = blocks_n * kd * w;
-    let mut buf = TaskBuffer::take(state_len + 2 * row_len + 2 * padded_v);
-    let (blocks, rest) = buf.split_at_mut(state_len);
-    let (rows, rest) = rest.split_at_mut(2 * row_len);
-    let (sa, o) = rest.split_at_mut(padded_v);
+    let carried = state_len + padded_v;
+    let mut buf = TaskBuffer::take(heads.len() * carried + 2 * row_len + padded_v);
+    let (heads_buf, rest) = buf.split_at_mut(heads.len() * carried);
+    let (rows, o) = rest.split_at_mut(2 * row_len);
     let states = args.state.as_ref().map(|pool| HeadStates {
         pool,
         k_dim: kd,
         v_dim: vd,
     });
     let states = || states.expect("state slot without a state tensor");
+    let head_state = |buf: &mut [f32], j: usize| -> (*mut f32, *mut f32) {
+        let carried = &mut buf[j * carried..(j + 1) * carried];
+        (carried.as_mut_ptr(), carried[state_len..].as_mut_ptr())
+    };
+    let borrowed = rows_in_place::<S>(args);
     unsafe {
         if let Some(slot) = seq.read {
-            states().load::<S, St>(slot, h, blocks);
+            for (j, h) in heads.clone().enumerate() {
+                let (blocks, _) = head_state(heads_buf, j);
+                states().load::<S, St>(slot, h, std::slice::from_raw_parts_mut(blocks, state_len));
+            }
             // A decode's next task is usually the next head of this slot.
-            if seq.len == 1 && h + 1 < args.heads {
-                states().prefetch_l2(slot, h + 1);
+            if seq.len == 1 && heads.end < args.heads {
+                states().prefetch_l2(slot, heads.end);
             }
         }
-        let borrowed = rows_in_place::<S>(args);
-        if seq.len > 0 {
-            if !borrowed {
-                load_token::<S>(args, seq.start, h, &mut rows[..row_len]);
-            }
-            if seq.read.is_some() {
-                let a = match borrowed {
-                    true => borrow_row(&args.a, seq.start, h, kd),
-                    false => split_token(&rows[..row_len], kd).a,
+        let chunk = match heads.len() {
+            1 => seq.len,
+            _ => CHUNK_TOKENS,
+        };
+        let mut t0 = 0;
+        while t0 < seq.len {
+            let t1 = (t0 + chunk).min(seq.len);
+            for (j, h) in heads.clone().enumerate() {
+                let (blocks, sa) = head_state(heads_buf, j);
+                let blocks = std::slice::from_raw_parts_mut(blocks, state_len);
+                let sa = std::slice::from_raw_parts_mut(sa, padded_v);
+                let ahead = match (heads.len(), h + 1 < heads.end) {
+                    (1, _) => Ahead::Tokens,
+                    (_, true) => Ahead::Run {
+                        head: h + 1,
+                        tokens: 0,
+                    },
+                    (_, false) => Ahead::Run {
+                        head: heads.start,
+                        tokens: chunk,
+                    },
                 };
-                for bi in 0..blocks_n {
-                    column_sums::<S>(
-                        blocks.as_ptr().add(bi * kd * w),
-                        a,
-                        sa.as_mut_ptr().add(bi * w),
-                    );
-                }
+                let scratch = (&mut *rows, &mut *o);
+                head_tokens::<S, St>(args, seq, h, t0..t1, blocks, sa, scratch, borrowed, ahead);
+            }
+            t0 = t1;
+        }
+        if let StateWrite::Final(slot) = seq.write {
+            for (j, h) in heads.clone().enumerate() {
+                let (blocks, _) = head_state(heads_buf, j);
+                let blocks = std::slice::from_raw_parts(blocks, state_len);
+                states().store::<S, St>(slot, h, blocks, 0, blocks_n);
+            }
+        }
+    }
+}
+
+/// Tokens `tokens` of head `h`: `blocks` holds its state after the tokens before them and `sa`
+/// the first token's `a^T S` (set here for the sequence's first token); `scratch` is two token
+/// rows (unless [`rows_in_place`]) and an output row; `ahead` says what to prefetch.
+///
+/// # Safety
+/// As for [`sequence_heads`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_tokens<S: Simd, St: SimdElement>(
+    args: &DplrRule,
+    seq: &Sequence,
+    h: usize,
+    tokens: std::ops::Range<usize>,
+    blocks: &mut [f32],
+    sa: &mut [f32],
+    (rows, o): (&mut [f32], &mut [f32]),
+    borrowed: bool,
+    ahead: Ahead,
+) {
+    let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
+    let blocks_n = vd.div_ceil(w);
+    let row_len = rows.len() / 2;
+    let states = || HeadStates {
+        pool: args
+            .state
+            .as_ref()
+            .expect("state slot without a state tensor"),
+        k_dim: kd,
+        v_dim: vd,
+    };
+    unsafe {
+        // The first token's rows, in the half the loop reads it from.
+        let first = tokens.start;
+        let half = (first % 2) * row_len;
+        if !borrowed {
+            load_token::<S>(args, seq.start + first, h, &mut rows[half..half + row_len]);
+        }
+        if first == 0 && seq.read.is_some() {
+            let a = match borrowed {
+                true => borrow_row(&args.a, seq.start, h, kd),
+                false => split_token(&rows[..row_len], kd).a,
+            };
+            for bi in 0..blocks_n {
+                column_sums::<S>(
+                    blocks.as_ptr().add(bi * kd * w),
+                    a,
+                    sa.as_mut_ptr().add(bi * w),
+                );
             }
         }
         let out = &args.out;
-        for i in 0..seq.len {
+        for i in tokens {
+            ahead.prefetch(args, seq.start + i, h);
             let more = i + 1 < seq.len;
             let (t, a_next) = match borrowed {
                 true => {
@@ -320,9 +423,6 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Seq
             for cp in seq.checkpoints_after(i + 1) {
                 states().store::<S, St>(cp.slot, h, blocks, 0, blocks_n);
             }
-        }
-        if let StateWrite::Final(slot) = seq.write {
-            states().store::<S, St>(slot, h, blocks, 0, blocks_n);
         }
     }
 }

@@ -14,7 +14,7 @@ dplr_entry_points!(
 /// The recurrence for `isa` (AVX-512, or AVX2 for anything below).
 pub(super) fn head(isa: Isa) -> HeadFn {
     match isa >= Isa::Avx512 {
-        true => avx512::HEAD,
-        false => avx2::HEAD,
+        true => avx512::HEADS,
+        false => avx2::HEADS,
     }
 }

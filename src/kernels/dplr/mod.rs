@@ -98,9 +98,11 @@ macro_rules! dplr_entry_points {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) use dplr_entry_points;
 
-/// Heads a task of a prefill takes together at most (see `recurrent::sequence_heads`): their
-/// states and `sa` rows, 8 x 16.25 KiB at head size 64, stay in L2.
+/// Heads a task of a prefill takes together at most (see `recurrent::sequence_heads`), and the
+/// most bytes of f32 state they may hold, so that the group's states stay in L2 (8 heads of 64:
+/// 128 KiB).
 const MAX_HEAD_GROUP: usize = 8;
+const MAX_HEAD_GROUP_BYTES: usize = 256 << 10;
 
 /// Runs the DPLR delta rule with the implementation for `isa` (`Isa::Scalar` = the f64
 /// reference), one task per sequence and group of heads (one head, or up to [`MAX_HEAD_GROUP`]
@@ -131,7 +133,10 @@ pub unsafe fn dplr_delta_rule(ctx: &Context, isa: Isa, args: &DplrRule) {
             .any(|s| s.len > recurrent::CHUNK_TOKENS);
         let group = match long {
             true => {
-                (args.sequences.len() * args.heads / (2 * ctx.threads())).clamp(1, MAX_HEAD_GROUP)
+                let by_bytes = MAX_HEAD_GROUP_BYTES / (4 * args.k_dim * args.v_dim).max(1);
+                (args.sequences.len() * args.heads / (2 * ctx.threads()))
+                    .min(by_bytes)
+                    .clamp(1, MAX_HEAD_GROUP)
             }
             false => 1,
         };

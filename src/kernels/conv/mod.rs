@@ -98,9 +98,7 @@ impl Matrix {
             }
         }
     }
-}
 
-impl Matrix {
     /// Columns `0..cols` of rows `i0..i0 + n` as f32, column `j` to `out[j * stride..][..n]`: one
     /// pass reading each row's columns together (a conv's `[D, W]` taps, widened per task), where
     /// a pass per column reads every row `cols` times. Widths 3 and 4 (the models' convs) unroll.

@@ -269,16 +269,11 @@ pub unsafe fn sequence_heads<S: Simd, St: SimdElement>(
         v_dim: vd,
     });
     let states = || states.expect("state slot without a state tensor");
-    let head_state = |buf: &mut [f32], j: usize| -> (*mut f32, *mut f32) {
-        let carried = &mut buf[j * carried..(j + 1) * carried];
-        (carried.as_mut_ptr(), carried[state_len..].as_mut_ptr())
-    };
     let borrowed = rows_in_place::<S>(args);
     unsafe {
         if let Some(slot) = seq.read {
-            for (j, h) in heads.clone().enumerate() {
-                let (blocks, _) = head_state(heads_buf, j);
-                states().load::<S, St>(slot, h, std::slice::from_raw_parts_mut(blocks, state_len));
+            for (head, h) in heads_buf.chunks_mut(carried).zip(heads.clone()) {
+                states().load::<S, St>(slot, h, &mut head[..state_len]);
             }
             // A decode's next task is usually the next head of this slot.
             if seq.len == 1 && heads.end < args.heads {
@@ -292,10 +287,8 @@ pub unsafe fn sequence_heads<S: Simd, St: SimdElement>(
         let mut t0 = 0;
         while t0 < seq.len {
             let t1 = (t0 + chunk).min(seq.len);
-            for (j, h) in heads.clone().enumerate() {
-                let (blocks, sa) = head_state(heads_buf, j);
-                let blocks = std::slice::from_raw_parts_mut(blocks, state_len);
-                let sa = std::slice::from_raw_parts_mut(sa, padded_v);
+            for (head, h) in heads_buf.chunks_mut(carried).zip(heads.clone()) {
+                let (blocks, sa) = head.split_at_mut(state_len);
                 let ahead = match (heads.len(), h + 1 < heads.end) {
                     (1, _) => Ahead::Tokens,
                     (_, true) => Ahead::Run {
@@ -313,10 +306,8 @@ pub unsafe fn sequence_heads<S: Simd, St: SimdElement>(
             t0 = t1;
         }
         if let StateWrite::Final(slot) = seq.write {
-            for (j, h) in heads.clone().enumerate() {
-                let (blocks, _) = head_state(heads_buf, j);
-                let blocks = std::slice::from_raw_parts(blocks, state_len);
-                states().store::<S, St>(slot, h, blocks, 0, blocks_n);
+            for (head, h) in heads_buf.chunks(carried).zip(heads.clone()) {
+                states().store::<S, St>(slot, h, &head[..state_len], 0, blocks_n);
             }
         }
     }

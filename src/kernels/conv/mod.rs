@@ -107,27 +107,6 @@ impl Matrix {
     /// Those elements lie inside the validated array; `out` holds `(cols - 1) * stride + n`
     /// floats and overlaps nothing read.
     pub unsafe fn columns(&self, i0: usize, n: usize, cols: usize, out: *mut f32, stride: usize) {
-        #[inline(always)]
-        unsafe fn rows<E: crate::dtype::Element, const C: usize>(
-            m: &Matrix,
-            i0: usize,
-            n: usize,
-            cols: usize,
-            out: *mut f32,
-            stride: usize,
-        ) {
-            let cols = if C == 0 { cols } else { C };
-            let base = m.ptr.cast::<E>().wrapping_add(i0 * m.s0);
-            for i in 0..n {
-                let row = base.wrapping_add(i * m.s0);
-                for j in 0..cols {
-                    unsafe {
-                        out.add(j * stride + i)
-                            .write(row.add(j * m.s1).read().to_f32())
-                    };
-                }
-            }
-        }
         unsafe fn read<E: crate::dtype::Element>(
             m: &Matrix,
             i0: usize,
@@ -136,11 +115,21 @@ impl Matrix {
             out: *mut f32,
             stride: usize,
         ) {
-            unsafe {
+            let base = m.ptr.cast::<E>().wrapping_add(i0 * m.s0);
+            let row = |i: usize, cols: usize| {
+                let row = base.wrapping_add(i * m.s0);
+                for j in 0..cols {
+                    unsafe {
+                        out.add(j * stride + i)
+                            .write(row.add(j * m.s1).read().to_f32())
+                    };
+                }
+            };
+            for i in 0..n {
                 match cols {
-                    3 => rows::<E, 3>(m, i0, n, cols, out, stride),
-                    4 => rows::<E, 4>(m, i0, n, cols, out, stride),
-                    _ => rows::<E, 0>(m, i0, n, cols, out, stride),
+                    3 => row(i, 3),
+                    4 => row(i, 4),
+                    _ => row(i, cols),
                 }
             }
         }

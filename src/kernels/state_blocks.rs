@@ -16,7 +16,16 @@ pub(crate) struct HeadStates<'a> {
     pub v_dim: usize,
 }
 
-impl HeadStates<'_> {
+impl<'a> HeadStates<'a> {
+    /// A call's state pool as column blocks: a task reads or writes a slot only when the call
+    /// has a pool.
+    pub(crate) fn of(pool: Option<&'a Strided>, k_dim: usize, v_dim: usize) -> HeadStates<'a> {
+        HeadStates {
+            pool: pool.expect("state slot without a state tensor"),
+            k_dim,
+            v_dim,
+        }
+    }
     /// An f32 pool with k contiguous (ggml's `[v][k]` rows seen as `[k][v]`): a column block is
     /// a transposed run of state rows, moved through registers rather than element by element.
     fn value_major_f32(self) -> bool {

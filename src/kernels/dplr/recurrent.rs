@@ -263,12 +263,7 @@ pub unsafe fn sequence_heads<S: Simd, St: SimdElement>(
     let mut buf = TaskBuffer::take(heads.len() * carried + 2 * row_len + padded_v);
     let (heads_buf, rest) = buf.split_at_mut(heads.len() * carried);
     let (rows, o) = rest.split_at_mut(2 * row_len);
-    let states = args.state.as_ref().map(|pool| HeadStates {
-        pool,
-        k_dim: kd,
-        v_dim: vd,
-    });
-    let states = || states.expect("state slot without a state tensor");
+    let states = || HeadStates::of(args.state.as_ref(), kd, vd);
     let borrowed = rows_in_place::<S>(args);
     unsafe {
         if let Some(slot) = seq.read {
@@ -335,14 +330,7 @@ unsafe fn head_tokens<S: Simd, St: SimdElement>(
     let (kd, vd, w) = (args.k_dim, args.v_dim, 2 * S::LANES);
     let blocks_n = vd.div_ceil(w);
     let row_len = rows.len() / 2;
-    let states = || HeadStates {
-        pool: args
-            .state
-            .as_ref()
-            .expect("state slot without a state tensor"),
-        k_dim: kd,
-        v_dim: vd,
-    };
+    let states = || HeadStates::of(args.state.as_ref(), kd, vd);
     unsafe {
         // The first token's rows, in the half the loop reads it from.
         let first = tokens.start;

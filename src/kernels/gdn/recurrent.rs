@@ -116,14 +116,7 @@ unsafe fn load_tokens<S: Simd>(
 
 /// The call's state pool as column blocks.
 fn head_states(args: &DeltaRule) -> HeadStates<'_> {
-    HeadStates {
-        pool: args
-            .state
-            .as_ref()
-            .expect("state slot without a state tensor"),
-        k_dim: args.k_dim,
-        v_dim: args.v_dim,
-    }
+    HeadStates::of(args.state.as_ref(), args.k_dim, args.v_dim)
 }
 
 /// One token over one column block: `kv = (a S)^T k`, `delta = beta (v - kv)`,

@@ -17,7 +17,7 @@
 use std::ops::Range;
 
 use crate::kernels::Sequence;
-use crate::kernels::simd::{Simd, SimdElement};
+use crate::kernels::simd::{Simd, SimdElement, array_of};
 use crate::kernels::strided::{prefetch, prefetch_line};
 
 /// State rows ahead that a decode's first pass prefetches (4 KiB of f32 rows of 128).
@@ -27,20 +27,16 @@ pub(crate) const DECODE_PREFETCH_ROWS: usize = 8;
 /// rows of 128, in L1 while every column block of them is summed).
 const DECODE_ROW_GROUP: usize = 8;
 
-/// `$self.$method::<S, READ, WRITE, TWO>(args)` with the presence of the old state, the new state
-/// and the second rank-1 term made compile-time constants (matching the `Option`s per vector kept
-/// the loop's values on the stack).
+/// `$self.$method::<S, READ, WRITE>(args)` with the presence of the old and the new state made
+/// compile-time constants (matching the `Option`s per vector kept the loop's values on the
+/// stack). The second rank-1 term's presence is the terms type's [`ColumnTerms::TWO_TERMS`].
 macro_rules! with_known_presence {
     ($self:ident.$method:ident::<$s:ident>($($arg:expr),*)) => {
-        match ($self.read.is_some(), $self.write.is_some(), $self.k2.is_some()) {
-            (true, true, false) => $self.$method::<$s, true, true, false>($($arg),*),
-            (true, false, false) => $self.$method::<$s, true, false, false>($($arg),*),
-            (false, true, false) => $self.$method::<$s, false, true, false>($($arg),*),
-            (false, false, false) => $self.$method::<$s, false, false, false>($($arg),*),
-            (true, true, true) => $self.$method::<$s, true, true, true>($($arg),*),
-            (true, false, true) => $self.$method::<$s, true, false, true>($($arg),*),
-            (false, true, true) => $self.$method::<$s, false, true, true>($($arg),*),
-            (false, false, true) => $self.$method::<$s, false, false, true>($($arg),*),
+        match ($self.read.is_some(), $self.write.is_some()) {
+            (true, true) => $self.$method::<$s, true, true, _>($($arg),*),
+            (true, false) => $self.$method::<$s, true, false, _>($($arg),*),
+            (false, true) => $self.$method::<$s, false, true, _>($($arg),*),
+            (false, false) => $self.$method::<$s, false, false, _>($($arg),*),
         }
     };
 }
@@ -72,6 +68,9 @@ pub(crate) unsafe fn copy_to_checkpoints<St>(
 /// with an inlined method rather than a closure: closures do not inherit the caller's target
 /// features, so a closure here was a call per row that spilled every vector register).
 pub(crate) trait ColumnTerms {
+    /// Whether the rule has the second rank-1 term (`c2`, with the row factors `k2`): a constant
+    /// of the rule, so each decode is compiled for the one case it runs.
+    const TWO_TERMS: bool;
     fn terms(&self, j: usize, column_sum: f32) -> (f32, f32);
 }
 
@@ -100,24 +99,37 @@ impl<St: SimdElement> StateColumns<'_, St> {
     /// # Safety
     /// The pointers are valid for `V` rows of `K` values; the CPU supports `S`.
     #[inline(always)]
-    pub(crate) unsafe fn run<S: Simd>(&self, terms: &impl ColumnTerms, o: &mut [f32]) {
+    pub(crate) unsafe fn run<S: Simd, T: ColumnTerms>(&self, terms: &T, o: &mut [f32]) {
+        assert_eq!(
+            self.k2.is_some(),
+            T::TWO_TERMS,
+            "the second term's row factors"
+        );
         unsafe { with_known_presence!(self.groups::<S>(terms, o)) }
     }
 
     #[inline(always)]
-    unsafe fn groups<S: Simd, const READ: bool, const WRITE: bool, const TWO: bool>(
+    unsafe fn groups<S: Simd, const READ: bool, const WRITE: bool, T: ColumnTerms>(
         &self,
-        terms: &impl ColumnTerms,
+        terms: &T,
         o: &mut [f32],
     ) {
         let vd = o.len();
         let mut j = 0;
         unsafe {
             while j < vd {
-                j += match (vd - j).min(interleaved_columns::<S>(TWO)) {
-                    4 => self.update::<S, 4, READ, WRITE, TWO>(j, terms, o),
-                    2 | 3 => self.update::<S, 2, READ, WRITE, TWO>(j, terms, o),
-                    _ => self.update::<S, 1, READ, WRITE, TWO>(j, terms, o),
+                // Four stored rows at a time: eight independent sums in flight, where one row's
+                // two are a chain of dependent FMAs (measured on Zen 3, AVX2, a B = 1 `[v][k]`
+                // GDN decode from L3: 155 us one row at a time, 123 us two, 108 us four). With a
+                // second rank-1 term and 16 vector registers, two: the coefficients of four spill.
+                j += match (vd - j).min(4) {
+                    4 if T::TWO_TERMS => match S::MANY_VECTORS {
+                        true => self.update::<S, 4, READ, WRITE, T>(j, terms, o),
+                        false => self.update::<S, 2, READ, WRITE, T>(j, terms, o),
+                    },
+                    4 => self.update::<S, 4, READ, WRITE, T>(j, terms, o),
+                    2 | 3 => self.update::<S, 2, READ, WRITE, T>(j, terms, o),
+                    _ => self.update::<S, 1, READ, WRITE, T>(j, terms, o),
                 };
             }
         }
@@ -137,11 +149,11 @@ impl<St: SimdElement> StateColumns<'_, St> {
         const R: usize,
         const READ: bool,
         const WRITE: bool,
-        const TWO: bool,
+        T: ColumnTerms,
     >(
         &self,
         j: usize,
-        terms: &impl ColumnTerms,
+        terms: &T,
         o: &mut [f32],
     ) -> usize {
         let (l, kd, vd) = (S::LANES, self.k.len(), o.len());
@@ -150,8 +162,8 @@ impl<St: SimdElement> StateColumns<'_, St> {
         let k2 = self.k2.unwrap_or(&[]);
         let row = |i: usize| (j + i) * self.row_stride;
         let src: [*const St; R] =
-            std::array::from_fn(|i| self.read.unwrap_or(std::ptr::null()).wrapping_add(row(i)));
-        let dst: [*mut St; R] = std::array::from_fn(|i| {
+            array_of(|i| self.read.unwrap_or(std::ptr::null()).wrapping_add(row(i)));
+        let dst: [*mut St; R] = array_of(|i| {
             self.write
                 .unwrap_or(std::ptr::null_mut())
                 .wrapping_add(row(i))
@@ -202,12 +214,12 @@ impl<St: SimdElement> StateColumns<'_, St> {
             let (mut acc0, mut acc1) = ([S::zero(); R], [S::zero(); R]);
             let mut r = 0;
             while r + 2 * l <= body {
-                self.update_step::<S, R, READ, WRITE, TWO>(&src, &dst, r, (&c, &c2), &mut acc0);
-                self.update_step::<S, R, READ, WRITE, TWO>(&src, &dst, r + l, (&c, &c2), &mut acc1);
+                self.update_step::<S, R, READ, WRITE, T>(&src, &dst, r, (&c, &c2), &mut acc0);
+                self.update_step::<S, R, READ, WRITE, T>(&src, &dst, r + l, (&c, &c2), &mut acc1);
                 r += 2 * l;
             }
             if r < body {
-                self.update_step::<S, R, READ, WRITE, TWO>(&src, &dst, r, (&c, &c2), &mut acc0);
+                self.update_step::<S, R, READ, WRITE, T>(&src, &dst, r, (&c, &c2), &mut acc0);
             }
             for i in 0..R {
                 let (ci, c2i) = coefs[i];
@@ -216,7 +228,7 @@ impl<St: SimdElement> StateColumns<'_, St> {
                     let a = decays[if per_channel { r } else { 0 }];
                     let old = if READ { (*src[i].add(r)).to_f32() } else { 0.0 };
                     let mut upd = self.k[r] * ci;
-                    if TWO {
+                    if T::TWO_TERMS {
                         upd = k2[r].mul_add(c2i, upd);
                     }
                     let s_new = old.mul_add(a, upd);
@@ -245,7 +257,7 @@ impl<St: SimdElement> StateColumns<'_, St> {
         const R: usize,
         const READ: bool,
         const WRITE: bool,
-        const TWO: bool,
+        T: ColumnTerms,
     >(
         &self,
         src: &[*const St; R],
@@ -257,7 +269,7 @@ impl<St: SimdElement> StateColumns<'_, St> {
         let (decays, per_channel) = self.decays;
         unsafe {
             let kv = S::load_f32(self.k.as_ptr().add(r));
-            let k2v = match (TWO, self.k2) {
+            let k2v = match (T::TWO_TERMS, self.k2) {
                 (true, Some(k2)) => S::load_f32(k2.as_ptr().add(r)),
                 _ => S::zero(),
             };
@@ -268,7 +280,7 @@ impl<St: SimdElement> StateColumns<'_, St> {
             let qv = S::load_f32(self.q.as_ptr().add(r));
             for i in 0..R {
                 let mut upd = S::mul(kv, c[i]);
-                if TWO {
+                if T::TWO_TERMS {
                     upd = S::fma(k2v, c2[i], upd);
                 }
                 let s_new = match READ {
@@ -284,24 +296,12 @@ impl<St: SimdElement> StateColumns<'_, St> {
     }
 }
 
-/// Stored rows a k-contiguous decode carries together: eight independent sums in flight, where
-/// one row's two are a chain of dependent FMAs (measured on Zen 3, AVX2, a B = 1 `[v][k]` GDN
-/// decode from L3: 155 us one row at a time, 123 us two, 108 us four). With a second rank-1
-/// term and 16 vector registers, two: the coefficients of four rows spill.
-fn interleaved_columns<S: Simd>(two_terms: bool) -> usize {
-    if two_terms && S::VECTORS_IN_REGISTERS < 32 {
-        2
-    } else {
-        4
-    }
-}
-
 /// Vectors of columns a decode pass keeps in registers (accumulators and, in pass 2, `c`):
 /// half the register file (8 with AVX-512, 4 with AVX2). Summed in registers rather than in a
 /// row of memory, each row's update no longer waits for the previous row's store to forward
 /// (measured: a 1-sequence GDN decode from cache went from 125 to 57-63 us).
 fn column_vectors<S: Simd>() -> usize {
-    if S::VECTORS_IN_REGISTERS >= 32 { 8 } else { 4 }
+    if S::MANY_VECTORS { 8 } else { 4 }
 }
 
 /// The decode of a v-contiguous (`[k][v]`) state, on the rows of one slot and head in place:
@@ -394,14 +394,19 @@ impl<St: SimdElement> StateRows<'_, St> {
     /// # Safety
     /// The pointers are valid for `K` rows of `V` values; the CPU supports `S`.
     #[inline(always)]
-    pub(crate) unsafe fn run<S: Simd>(&self, terms: &impl ColumnTerms, o: &mut [f32]) {
+    pub(crate) unsafe fn run<S: Simd, T: ColumnTerms>(&self, terms: &T, o: &mut [f32]) {
+        assert_eq!(
+            self.k2.is_some(),
+            T::TWO_TERMS,
+            "the second term's row factors"
+        );
         unsafe { with_known_presence!(self.tiles::<S>(terms, o)) }
     }
 
     #[inline(always)]
-    unsafe fn tiles<S: Simd, const READ: bool, const WRITE: bool, const TWO: bool>(
+    unsafe fn tiles<S: Simd, const READ: bool, const WRITE: bool, T: ColumnTerms>(
         &self,
-        terms: &impl ColumnTerms,
+        terms: &T,
         o: &mut [f32],
     ) {
         let (l, vd, rows) = (S::LANES, o.len(), self.k.len());
@@ -425,11 +430,11 @@ impl<St: SimdElement> StateRows<'_, St> {
             while first < vectors {
                 let col = first * l;
                 first += match (vectors - first).min(column_vectors::<S>()) {
-                    8 => self.tile::<S, 8, READ, WRITE, TWO>(col, terms, o, ahead),
-                    4..=7 => self.tile::<S, 4, READ, WRITE, TWO>(col, terms, o, ahead),
-                    3 => self.tile::<S, 3, READ, WRITE, TWO>(col, terms, o, ahead),
-                    2 => self.tile::<S, 2, READ, WRITE, TWO>(col, terms, o, ahead),
-                    _ => self.tile::<S, 1, READ, WRITE, TWO>(col, terms, o, ahead),
+                    8 if S::MANY_VECTORS => self.tile::<S, 8, READ, WRITE, T>(col, terms, o, ahead),
+                    4..=7 => self.tile::<S, 4, READ, WRITE, T>(col, terms, o, ahead),
+                    3 => self.tile::<S, 3, READ, WRITE, T>(col, terms, o, ahead),
+                    2 => self.tile::<S, 2, READ, WRITE, T>(col, terms, o, ahead),
+                    _ => self.tile::<S, 1, READ, WRITE, T>(col, terms, o, ahead),
                 };
             }
             let (decays, per_row) = self.decays;
@@ -444,7 +449,7 @@ impl<St: SimdElement> StateRows<'_, St> {
                         _ => 0.0,
                     };
                     let mut upd = kr * c;
-                    if let (true, Some(k2)) = (TWO, self.k2) {
+                    if let (true, Some(k2)) = (T::TWO_TERMS, self.k2) {
                         upd = k2[r].mul_add(c2, upd);
                     }
                     let s_new = old.mul_add(decays[if per_row { r } else { 0 }], upd);
@@ -486,7 +491,7 @@ impl<St: SimdElement> StateRows<'_, St> {
                 while first < vectors {
                     let (col, out) = (first * l, sums.as_mut_ptr().add(first * l));
                     first += match (vectors - first).min(column_vectors::<S>()) {
-                        8 => self.sum_block::<S, 8>(src, col, group..end, out),
+                        8 if S::MANY_VECTORS => self.sum_block::<S, 8>(src, col, group..end, out),
                         4..=7 => self.sum_block::<S, 4>(src, col, group..end, out),
                         3 => self.sum_block::<S, 3>(src, col, group..end, out),
                         2 => self.sum_block::<S, 2>(src, col, group..end, out),
@@ -536,16 +541,10 @@ impl<St: SimdElement> StateRows<'_, St> {
     /// Pass 2 on the tile of the `N` vectors of columns from `col`: their terms from the column
     /// sums in `o[col..]`, the update of the tile's rows and its outputs, stored over the sums.
     #[inline(always)]
-    unsafe fn tile<
-        S: Simd,
-        const N: usize,
-        const READ: bool,
-        const WRITE: bool,
-        const TWO: bool,
-    >(
+    unsafe fn tile<S: Simd, const N: usize, const READ: bool, const WRITE: bool, T: ColumnTerms>(
         &self,
         col: usize,
-        terms: &impl ColumnTerms,
+        terms: &T,
         o: &mut [f32],
         ahead: &mut Ahead<St>,
     ) -> usize {
@@ -573,7 +572,7 @@ impl<St: SimdElement> StateRows<'_, St> {
                 let offset = r * self.row_stride;
                 let a = S::splat(decays[if per_row { r } else { 0 }]);
                 let (kv, qv) = (S::splat(kr), S::splat(qr));
-                let k2v = if TWO {
+                let k2v = if T::TWO_TERMS {
                     S::splat(*k2.as_ptr().add(r))
                 } else {
                     S::zero()
@@ -581,7 +580,7 @@ impl<St: SimdElement> StateRows<'_, St> {
                 let (src, dst) = (src0.wrapping_add(offset), dst0.wrapping_add(offset));
                 for u in 0..N {
                     let mut upd = S::mul(kv, c[u]);
-                    if TWO {
+                    if T::TWO_TERMS {
                         upd = S::fma(k2v, c2[u], upd);
                     }
                     let s_new = match READ {

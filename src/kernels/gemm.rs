@@ -64,14 +64,14 @@ pub unsafe fn gemm<S: Simd>(
 ) {
     let lanes = S::LANES;
     // Vectors per column panel (a constant of `S`: the branches fold away).
-    let nv = if S::VECTORS_IN_REGISTERS >= 32 { 4 } else { 2 };
+    let nv = if S::MANY_VECTORS { 4 } else { 2 };
     let mut j = 0;
     unsafe {
         while j + nv * lanes <= n {
             let (b_j, c_j) = (b.add(j), c.add(j));
-            match nv {
-                4 => rows::<S, 4>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
-                _ => rows::<S, 2>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
+            match S::MANY_VECTORS {
+                true => rows::<S, 4>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
+                false => rows::<S, 2>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
             }
             j += nv * lanes;
         }

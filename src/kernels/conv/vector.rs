@@ -24,7 +24,7 @@ use super::reference::output as scalar_output;
 use super::{MAX_WIDTH, Piece, Plan, Problem, Seq, StateUpdate};
 use crate::dtype::DType;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::simd::{Simd, SimdElement, canonical_nan};
+use crate::kernels::simd::{Simd, SimdElement, array_of, canonical_nan};
 
 /// Widest vector supported (AVX-512, f32 lanes).
 pub(super) const MAX_LANES: usize = 16;
@@ -622,7 +622,7 @@ impl Taps {
             }
             if (0..S::LANES).any(|l| S::lane_channel(l) != l) {
                 for lanes in row.chunks_exact_mut(S::LANES) {
-                    let channels: [f32; MAX_LANES] = std::array::from_fn(|l| lanes[l % S::LANES]);
+                    let channels: [f32; MAX_LANES] = array_of(|l| lanes[l % S::LANES]);
                     for (l, v) in lanes.iter_mut().enumerate() {
                         *v = channels[S::lane_channel(l)];
                     }
@@ -725,7 +725,7 @@ pub(super) unsafe fn block<S: Simd, A: SimdElement, Io: RowIo, const W: usize>(
             if whole_tiles {
                 // Two-register vectors (bf16 channel pairs): half the tile keeps the window in
                 // registers (measured: tiles of 4 spill and lose ~5%).
-                t = match S::VECTORS_IN_REGISTERS < 16 {
+                t = match S::FEW_VECTORS {
                     true => unsafe {
                         tiles::<S, A, Io, W, { TILE_ROWS / 2 }>(
                             p,
@@ -901,7 +901,7 @@ unsafe fn kept_tile<S: Simd, A: SimdElement, Io: RowIo, const W: usize, const R:
         stride: kept.stride,
         c0,
         history: w - 1,
-        inputs: std::array::from_fn(|k| {
+        inputs: array_of(|k| {
             let row = (t + k).wrapping_sub(w - 1);
             s.x.cast::<A>()
                 .wrapping_add(row.wrapping_mul(p.x_tok))
@@ -1071,8 +1071,8 @@ unsafe fn tile_rows<
     let keep = keep.filter(|_| !Io::RAW_INPUT);
     let x = s.x.cast::<A>();
     let out = s.out.cast::<A>();
-    let orows: [*mut A; R] = std::array::from_fn(|r| out.wrapping_add((t + r) * p.out_tok));
-    let xrows: [*const A; R] = std::array::from_fn(|r| x.wrapping_add((t + r) * p.x_tok));
+    let orows: [*mut A; R] = array_of(|r| out.wrapping_add((t + r) * p.out_tok));
+    let xrows: [*const A; R] = array_of(|r| x.wrapping_add((t + r) * p.x_tok));
     let line = 64 / size_of::<A>();
     // Runs of at most a page per row are too short for the hardware prefetchers to ramp up on:
     // also ask for the next tile's rows, if any, output rows included so its stores find their
@@ -1080,11 +1080,11 @@ unsafe fn tile_rows<
     // 0.85-0.97x; with 16 KiB rows the check cost 4%).
     let next_tile = cn * size_of::<A>() <= 4096 && t + R < s.len;
     let vec_end = cn / S::LANES * S::LANES;
-    let tap: [*const f32; MAX_WIDTH + 1] = std::array::from_fn(|k| taps.row(k.min(w)));
+    let tap: [*const f32; MAX_WIDTH + 1] = array_of(|k| taps.row(k.min(w)));
     let mut v = 0;
     if R == 1 && keep.is_none() {
         let (orow, xrow) = (orows[0], xrows[0]);
-        v = match S::VECTORS_IN_REGISTERS < 16 {
+        v = match S::FEW_VECTORS {
             true => unsafe {
                 one_token_groups::<S, A, Io, Win, W, 2>(p, c0, vec_end, &tap, orow, xrow, io, win)
             },

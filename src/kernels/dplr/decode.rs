@@ -67,7 +67,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, 
                     .filter(|_| h + 1 < args.heads)
                     .map(|slot| st.at(&[slot, h + 1, 0, 0]).cast::<St>().cast_const()),
             }
-            .run::<S>(terms, o),
+            .run::<S, _>(terms, o),
             false => StateColumns {
                 read,
                 write: write_to,
@@ -78,7 +78,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(args: &DplrRule, seq: &Sequence, 
                 k2: Some(t.b),
                 q: t.r,
             }
-            .run::<S>(terms, o),
+            .run::<S, _>(terms, o),
         }
         copy_to_checkpoints(seq, write, rows, row_elems, row_at);
         let out = &args.out;
@@ -93,6 +93,7 @@ struct Terms<'a> {
 }
 
 impl ColumnTerms for Terms<'_> {
+    const TWO_TERMS: bool = true;
     #[inline(always)]
     fn terms(&self, j: usize, sa: f32) -> (f32, f32) {
         (self.v[j], sa)

@@ -612,14 +612,18 @@ unsafe fn pair_products<S: Simd, const HEADS: usize>(
     out: [PairSums; HEADS],
 ) {
     let rows = [k, q];
-    // Half the vector registers for the running `w`s (a constant of `S`: the branches fold away).
-    let nb = if S::VECTORS_IN_REGISTERS >= 32 { 8 } else { 4 };
+    // Half the vector registers for the running `w`s (only the taken side of a constant's branch
+    // is compiled).
     unsafe {
-        match (nb, kp == nb * S::LANES) {
-            (8, true) => pair_sums::<S, 8, HEADS, true>(a, rows, kp, m, out),
-            (8, false) => pair_sums::<S, 8, HEADS, false>(a, rows, kp, m, out),
-            (_, true) => pair_sums::<S, 4, HEADS, true>(a, rows, kp, m, out),
-            (_, false) => pair_sums::<S, 4, HEADS, false>(a, rows, kp, m, out),
+        match S::MANY_VECTORS {
+            true => match kp == 8 * S::LANES {
+                true => pair_sums::<S, 8, HEADS, true>(a, rows, kp, m, out),
+                false => pair_sums::<S, 8, HEADS, false>(a, rows, kp, m, out),
+            },
+            false => match kp == 4 * S::LANES {
+                true => pair_sums::<S, 4, HEADS, true>(a, rows, kp, m, out),
+                false => pair_sums::<S, 4, HEADS, false>(a, rows, kp, m, out),
+            },
         }
     }
 }

@@ -319,7 +319,7 @@ pub unsafe fn decode<S: Simd, St: SimdElement>(
         kv_scale,
     };
     unsafe {
-        rows.run::<S>(delta, o);
+        rows.run::<S, _>(delta, o);
         copy_to_checkpoints(seq, write, kd, vd, row);
         let out = &args.out;
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
@@ -381,7 +381,7 @@ pub unsafe fn decode_transposed<S: Simd, St: SimdElement>(
         kv_scale,
     };
     unsafe {
-        columns.run::<S>(delta, o);
+        columns.run::<S, _>(delta, o);
         copy_to_checkpoints(seq, write, vd, kd, row);
         let out = &args.out;
         store_row(out.at(&[seq.start, hv, 0]), out.dtype, out.strides[2], o);
@@ -452,6 +452,7 @@ struct Delta<'a> {
 }
 
 impl ColumnTerms for Delta<'_> {
+    const TWO_TERMS: bool = false;
     #[inline(always)]
     fn terms(&self, j: usize, kv: f32) -> (f32, f32) {
         (self.beta * (self.v[j] - self.kv_scale * kv), 0.0)

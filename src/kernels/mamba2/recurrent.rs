@@ -9,7 +9,7 @@
 use super::Scan;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::simd::{
-    Simd, SimdElement, clamped_exp, load_row_simd, store_row_simd, transpose,
+    Simd, SimdElement, array_of, clamped_exp, load_row_simd, store_row_simd, transpose,
 };
 use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
 use crate::kernels::{Sequence, StateWrite};
@@ -307,7 +307,7 @@ unsafe fn decode_rows<S: Simd, St: SimdElement, Dc: Decays<S>, const R: usize>(
     let full = nd / l * l;
     unsafe {
         let (b_row, c_row) = (bc.as_ptr(), bc.as_ptr().add(np));
-        let sv: [S::V; R] = std::array::from_fn(|i| S::splat(s[i]));
+        let sv: [S::V; R] = array_of(|i| S::splat(s[i]));
         let mut acc = match (slots.src.is_some(), slots.dst.is_some()) {
             (true, true) => {
                 let io = Known::<St, Dc, true, true>(slots);
@@ -565,7 +565,7 @@ unsafe fn decode_in_place<S: Simd, St: SimdElement, Dc: Decays<S>>(
             };
             if pd - p >= DECODE_ROWS {
                 (p..p + DECODE_ROWS).for_each(|r| prefetch_row(r + PREFETCH_ROWS));
-                let s = std::array::from_fn(|i| step * x[p + i]);
+                let s = array_of(|i| step * x[p + i]);
                 let out = decode_rows::<S, St, Dc, DECODE_ROWS>(slots, s, bc, nd);
                 y[p..p + DECODE_ROWS].copy_from_slice(&out);
                 p += DECODE_ROWS;

@@ -18,7 +18,7 @@
 // the `Simd` contract already puts on the caller; per-call `unsafe` blocks would add only noise.
 #![allow(unsafe_op_in_unsafe_fn)]
 
-use super::Simd;
+use super::{Simd, array_of};
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -154,7 +154,7 @@ unsafe fn f32_to_f16(v: [float32x4_t; 2]) -> uint16x8_t {
 /// One 4 x 4 block of [`super::transpose`]: pairs of rows interleaved by 32 bits, then by 64.
 #[inline(always)]
 pub(super) unsafe fn transpose4x4(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
-    let r: [float32x4_t; 4] = std::array::from_fn(|i| vld1q_f32(src.add(i * lds)));
+    let r: [float32x4_t; 4] = array_of(|i| vld1q_f32(src.add(i * lds)));
     let t = [
         vreinterpretq_f64_f32(vtrn1q_f32(r[0], r[1])),
         vreinterpretq_f64_f32(vtrn2q_f32(r[0], r[1])),

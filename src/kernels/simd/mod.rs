@@ -21,6 +21,12 @@ pub trait Simd: Copy + Send + Sync + 'static {
     const LANES: usize;
     /// How many `V` values the vector register file holds.
     const VECTORS_IN_REGISTERS: usize = 16;
+    /// Fewer than 16 vectors fit the registers (two-register vectors: AVX2's bf16 channel pairs).
+    /// Branch on this constant, not on a comparison: rustc compiles only the taken side of a
+    /// constant's branch, for each vector type.
+    const FEW_VECTORS: bool = Self::VECTORS_IN_REGISTERS < 16;
+    /// 32 vectors or more fit the registers (AVX-512); see [`Simd::FEW_VECTORS`].
+    const MANY_VECTORS: bool = Self::VECTORS_IN_REGISTERS >= 32;
     type V: Copy;
 
     unsafe fn splat(x: f32) -> Self::V;
@@ -113,6 +119,21 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// operation returns depends on its operand order, which may differ between a vector body
     /// and its scalar tail, and so with the task split.
     unsafe fn canonical_nan(v: Self::V) -> Self::V;
+}
+
+/// `[f(0), .., f(N - 1)]` for the small arrays of generic kernels (row pointers of a tile,
+/// splatted vectors): `std::array::from_fn` instantiates its panic-safe machinery for every
+/// closure of every kernel instance, which was a tenth of the library's compiled code.
+#[inline(always)]
+pub(crate) fn array_of<T: Copy, const N: usize>(f: impl Fn(usize) -> T) -> [T; N] {
+    const { assert!(N > 0) };
+    let mut a = [f(0); N];
+    let mut i = 1;
+    while i < N {
+        a[i] = f(i);
+        i += 1;
+    }
+    a
 }
 
 /// `x`, or the default quiet NaN if `x` is NaN: the scalar twin of [`Simd::canonical_nan`].

@@ -26,6 +26,7 @@ impl<'a> HeadStates<'a> {
             v_dim,
         }
     }
+
     /// An f32 pool with k contiguous (ggml's `[v][k]` rows seen as `[k][v]`): a column block is
     /// a transposed run of state rows, moved through registers rather than element by element.
     fn value_major_f32(self) -> bool {

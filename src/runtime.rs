@@ -748,18 +748,4 @@ mod tests {
         assert!(ctx.pool.get().is_none(), "a recording context runs no pool");
         assert!(Context::new(4).take_passes().is_empty());
     }
-
-    #[test]
-    fn isa_levels() {
-        assert!(Isa::active() <= Isa::detected());
-        assert_eq!(Isa::parse("AVX2"), Some(Isa::Avx2));
-        assert_eq!(Isa::parse("sse"), None);
-        assert_eq!(Isa::supported()[0], Isa::Scalar);
-        assert!(Isa::supported().iter().all(|&i| i.for_this_cpu() == i));
-        assert_eq!(Isa::parse("neon"), Some(Isa::Neon));
-        #[cfg(target_arch = "x86_64")]
-        assert_eq!(Isa::Neon.for_this_cpu(), Isa::Scalar);
-        #[cfg(target_arch = "aarch64")]
-        assert_eq!(Isa::Avx512.for_this_cpu(), Isa::Scalar);
-    }
 }

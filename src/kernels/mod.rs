@@ -8,7 +8,7 @@ pub(crate) mod decode_rows;
 pub mod dplr;
 pub mod gdn;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-pub(crate) mod gemm;
+pub mod gemm;
 pub mod mamba2;
 pub mod memory;
 pub mod simd;

@@ -9,7 +9,7 @@
 use super::Scan;
 use crate::kernels::chunking::TaskBuffer;
 use crate::kernels::simd::{
-    Simd, SimdElement, array_of, clamped_exp, load_row_simd, store_row_simd, transpose,
+    Simd, SimdElement, clamped_exp, load_row_simd, store_row_simd, transpose,
 };
 use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
 use crate::kernels::{Sequence, StateWrite};
@@ -179,6 +179,23 @@ impl<S: Simd> Decays<S> for PerHead<'_> {
     }
 }
 
+/// One token's factor for every channel, held by value: read from a slice inside a decode's row
+/// loop, the factor was loaded again for every vector (the rows' stores might alias it).
+#[derive(Clone, Copy)]
+struct Factor(f32);
+
+impl<S: Simd> Decays<S> for Factor {
+    #[inline(always)]
+    unsafe fn at(self, _: usize, _: usize) -> S::V {
+        unsafe { S::splat(self.0) }
+    }
+
+    #[inline(always)]
+    fn one(self, _: usize, _: usize) -> f32 {
+        self.0
+    }
+}
+
 impl<S: Simd> Decays<S> for PerState<'_> {
     #[inline(always)]
     unsafe fn at(self, i: usize, n: usize) -> S::V {
@@ -192,20 +209,20 @@ impl<S: Simd> Decays<S> for PerState<'_> {
 }
 
 /// Where the old state of a decode's rows comes from and their new state goes (see
-/// [`decode_rows`]): one type per case, so the vector loop is compiled once per case with nothing
+/// [`decode_row`]): one type per case, so the vector loop is compiled once per case with nothing
 /// to test inside it (matching the `Option`s per vector kept its two sums on the stack, a
 /// store-to-load round trip per vector: 14% of a B=64 decode's samples sat on that store). Trait
 /// methods, not closures: a closure does not inherit the entry point's target features, and its
 /// SIMD calls stay calls.
 trait RowIo<S: Simd>: Copy {
-    /// `decay * old + upd` for channels `n..n + LANES` of row `i` of the rows updated together,
-    /// or `upd` alone without an old state.
-    unsafe fn next(self, i: usize, n: usize, upd: S::V) -> S::V;
-    unsafe fn store(self, i: usize, n: usize, h: S::V);
+    /// `decay * old + upd` for channels `n..n + LANES` of the row, or `upd` alone without an old
+    /// state.
+    unsafe fn next(self, n: usize, upd: S::V) -> S::V;
+    unsafe fn store(self, n: usize, h: S::V);
 }
 
 /// Old state read through `src` (decayed by `decay`) and/or new state written through `dst`;
-/// row `i` is `i * row_len` elements on.
+/// row `p` is `p * row_len` elements on.
 #[derive(Clone, Copy)]
 struct Slots<St, Dc> {
     src: Option<*const St>,
@@ -218,14 +235,27 @@ struct Slots<St, Dc> {
 #[derive(Clone, Copy)]
 struct Known<St, Dc, const READ: bool, const WRITE: bool>(Slots<St, Dc>);
 
+impl<St, Dc: Copy, const READ: bool, const WRITE: bool> Known<St, Dc, READ, WRITE> {
+    /// Row `p`, as row 0.
+    #[inline(always)]
+    fn row(self, p: usize) -> Self {
+        let at = p * self.0.row_len;
+        Known(Slots {
+            src: self.0.src.map(|src| src.wrapping_add(at)),
+            dst: self.0.dst.map(|dst| dst.wrapping_add(at)),
+            ..self.0
+        })
+    }
+}
+
 impl<S: Simd, St: SimdElement, Dc: Decays<S>, const READ: bool, const WRITE: bool> RowIo<S>
     for Known<St, Dc, READ, WRITE>
 {
     #[inline(always)]
-    unsafe fn next(self, i: usize, n: usize, upd: S::V) -> S::V {
+    unsafe fn next(self, n: usize, upd: S::V) -> S::V {
         match (READ, self.0.src) {
             (true, Some(src)) => unsafe {
-                let old = St::load::<S>(src.add(i * self.0.row_len + n));
+                let old = St::load::<S>(src.add(n));
                 S::fma(old, self.0.decay.at(0, n), upd)
             },
             _ => upd,
@@ -233,122 +263,157 @@ impl<S: Simd, St: SimdElement, Dc: Decays<S>, const READ: bool, const WRITE: boo
     }
 
     #[inline(always)]
-    unsafe fn store(self, i: usize, n: usize, h: S::V) {
+    unsafe fn store(self, n: usize, h: S::V) {
         if let (true, Some(dst)) = (WRITE, self.0.dst) {
-            unsafe { St::store::<S>(dst.add(i * self.0.row_len + n), h) }
+            unsafe { St::store::<S>(dst.add(n), h) }
         }
     }
 }
 
-/// Rows a decode updates together: B and C are loaded once for both, and their four sums hide
-/// the FMA latency that one row's two expose. Measured on Zen 3 (AVX2, 1 thread), the B = 1
-/// Nemotron-H decode from L3: 0.26 ms one row at a time, 0.20 ms two, 0.22 ms four (spills).
-const DECODE_ROWS: usize = 2;
-
-/// The whole vectors (`full` channels) of `R` decode rows: `h = io.next(i, n, s[i] B)`, stored by
-/// `io.store`, and `h . C` summed into two alternating sums per row (vectors `0, 2, 4..` into the
-/// first, `1, 3, 5..` into the second).
+/// The whole vectors (`full` channels) of one decode row: `h = io.next(n, s B)`, stored by
+/// `io.store`, and `h . C` summed into two alternating sums (vectors `0, 2, 4..` into the first,
+/// `1, 3, 5..` into the second).
 ///
 /// # Safety
-/// `b_row` and `c_row` hold `full` floats; `io` is valid for `n < full` in rows `0..R`.
+/// `b_row` and `c_row` hold `full` floats; `io` is valid for `n < full`.
 #[inline(always)]
-unsafe fn decode_span<S: Simd, Io: RowIo<S>, const R: usize>(
+unsafe fn decode_span<S: Simd, Io: RowIo<S>>(
     io: Io,
-    s: [S::V; R],
+    s: S::V,
     b_row: *const f32,
     c_row: *const f32,
     full: usize,
-) -> [[S::V; 2]; R] {
+) -> [S::V; 2] {
     let l = S::LANES;
     let mut n = 0;
     unsafe {
-        let mut acc = [[S::zero(); 2]; R];
+        let mut acc = [S::zero(); 2];
         while n + 2 * l <= full {
-            let (b0, b1) = (S::load_f32(b_row.add(n)), S::load_f32(b_row.add(n + l)));
-            let (c0, c1) = (S::load_f32(c_row.add(n)), S::load_f32(c_row.add(n + l)));
-            for i in 0..R {
-                let h0 = io.next(i, n, S::mul(s[i], b0));
-                io.store(i, n, h0);
-                let h1 = io.next(i, n + l, S::mul(s[i], b1));
-                io.store(i, n + l, h1);
-                acc[i][0] = S::fma(h0, c0, acc[i][0]);
-                acc[i][1] = S::fma(h1, c1, acc[i][1]);
-            }
+            let h0 = io.next(n, S::mul(s, S::load_f32(b_row.add(n))));
+            io.store(n, h0);
+            let h1 = io.next(n + l, S::mul(s, S::load_f32(b_row.add(n + l))));
+            io.store(n + l, h1);
+            acc[0] = S::fma(h0, S::load_f32(c_row.add(n)), acc[0]);
+            acc[1] = S::fma(h1, S::load_f32(c_row.add(n + l)), acc[1]);
             n += 2 * l;
         }
         if n < full {
-            let (b0, c0) = (S::load_f32(b_row.add(n)), S::load_f32(c_row.add(n)));
-            for i in 0..R {
-                let h = io.next(i, n, S::mul(s[i], b0));
-                io.store(i, n, h);
-                acc[i][0] = S::fma(h, c0, acc[i][0]);
-            }
+            let h = io.next(n, S::mul(s, S::load_f32(b_row.add(n))));
+            io.store(n, h);
+            acc[0] = S::fma(h, S::load_f32(c_row.add(n)), acc[0]);
         }
         acc
     }
 }
 
-/// Rows `0..R` of `slots` (a decode straight on the slot rows: contiguous, dtype `St`):
-/// `h = a h + s[i] B` from row `i` of `src` (zeros without), stored to row `i` of `dst` (when
-/// given); returns `y[i] = h . C`, each summed as the blocked recurrence sums it. `bc` holds B
-/// and C of the token, zero-padded to whole vectors; `nd` is `N`.
+/// Every row of one head's slot (a decode straight on the slot rows: contiguous, dtype `St`), in
+/// memory order: `h = a h + step x[p] B` from row `p` of `src` (zeros without), stored to row `p`
+/// of `dst` (when given), and `y[p] = h . C`, summed as the blocked recurrence sums it. `bc`
+/// holds B and C of the token, zero-padded to whole vectors; `nd` is `N`.
+///
+/// The presence of `src` and `dst` is matched once per head, so the row loop carries nothing
+/// but the rows, and the rows go one at a time, one sequential stream: measured on Zen 4 (AVX2,
+/// 1 thread, Nemotron-H heads), B = 64 from memory 29-31 ms with two rows interleaved and
+/// software prefetches 16 rows ahead, 23-24 ms two rows without prefetches, 17 ms one row (an
+/// in-place pass over the same bytes: 12-13 ms); B = 1 from L3 0.170, 0.154 and 0.168 ms.
 ///
 /// # Safety
-/// The slots' pointers are valid for `R` rows of `N` values; the CPU supports `S`.
+/// The slots' pointers are valid for `y.len()` rows of `N` values; the CPU supports `S`.
 #[inline(always)]
-unsafe fn decode_rows<S: Simd, St: SimdElement, Dc: Decays<S>, const R: usize>(
+unsafe fn decode_head<S: Simd, St: SimdElement, Dc: Decays<S>>(
     slots: Slots<St, Dc>,
-    s: [f32; R],
+    step: f32,
+    x: &[f32],
     bc: &[f32],
     nd: usize,
-) -> [f32; R] {
+    y: &mut [f32],
+) {
+    unsafe {
+        match (slots.src.is_some(), slots.dst.is_some()) {
+            (true, true) => decode_rows::<S, St, Dc, true, true>(Known(slots), step, x, bc, nd, y),
+            (true, false) => {
+                decode_rows::<S, St, Dc, true, false>(Known(slots), step, x, bc, nd, y)
+            }
+            (false, true) => {
+                decode_rows::<S, St, Dc, false, true>(Known(slots), step, x, bc, nd, y)
+            }
+            (false, false) => {
+                decode_rows::<S, St, Dc, false, false>(Known(slots), step, x, bc, nd, y)
+            }
+        }
+    }
+}
+
+/// [`decode_head`] for one presence of the old and the new state.
+///
+/// # Safety
+/// As for [`decode_head`].
+#[inline(always)]
+unsafe fn decode_rows<
+    S: Simd,
+    St: SimdElement,
+    Dc: Decays<S>,
+    const READ: bool,
+    const WRITE: bool,
+>(
+    io: Known<St, Dc, READ, WRITE>,
+    step: f32,
+    x: &[f32],
+    bc: &[f32],
+    nd: usize,
+    y: &mut [f32],
+) {
+    for (p, y) in y.iter_mut().enumerate() {
+        *y = unsafe { decode_row::<S, St, Dc, READ, WRITE>(io.row(p), step * x[p], bc, nd) };
+    }
+}
+
+/// One row of [`decode_head`]: the vectors by [`decode_span`], the tail through a zero-padded
+/// vector; returns `h . C`.
+///
+/// # Safety
+/// As for [`decode_head`], for one row.
+#[inline(always)]
+unsafe fn decode_row<
+    S: Simd,
+    St: SimdElement,
+    Dc: Decays<S>,
+    const READ: bool,
+    const WRITE: bool,
+>(
+    io: Known<St, Dc, READ, WRITE>,
+    s: f32,
+    bc: &[f32],
+    nd: usize,
+) -> f32 {
     let l = S::LANES;
     let np = nd.next_multiple_of(l);
     let full = nd / l * l;
+    let slots = io.0;
     unsafe {
         let (b_row, c_row) = (bc.as_ptr(), bc.as_ptr().add(np));
-        let sv: [S::V; R] = array_of(|i| S::splat(s[i]));
-        let mut acc = match (slots.src.is_some(), slots.dst.is_some()) {
-            (true, true) => {
-                let io = Known::<St, Dc, true, true>(slots);
-                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
-            }
-            (true, false) => {
-                let io = Known::<St, Dc, true, false>(slots);
-                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
-            }
-            (false, true) => {
-                let io = Known::<St, Dc, false, true>(slots);
-                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
-            }
-            (false, false) => {
-                let io = Known::<St, Dc, false, false>(slots);
-                decode_span::<S, _, R>(io, sv, b_row, c_row, full)
-            }
-        };
-        let k = full / l;
-        let mut y = [0f32; R];
-        for i in 0..R {
-            if full < nd {
-                // The tail through a zero-padded vector, as the blocked path's padded row.
-                let row = i * slots.row_len;
-                let mut tail = [0f32; 16];
-                for n in full..nd {
-                    let old = slots.src.map_or(0.0, |src| (*src.add(row + n)).to_f32());
-                    tail[n - full] = old.mul_add(slots.decay.one(0, n), s[i] * bc[n]);
-                    if let Some(dst) = slots.dst {
-                        *dst.add(row + n) = St::from_f32(tail[n - full]);
-                    }
+        let mut acc = decode_span::<S, _>(io, S::splat(s), b_row, c_row, full);
+        if full < nd {
+            // The tail through a zero-padded vector, as the blocked path's padded row.
+            let mut tail = [0f32; 16];
+            for n in full..nd {
+                let old = match (READ, slots.src) {
+                    (true, Some(src)) => (*src.add(n)).to_f32(),
+                    _ => 0.0,
+                };
+                tail[n - full] = old.mul_add(slots.decay.one(0, n), s * bc[n]);
+                if let (true, Some(dst)) = (WRITE, slots.dst) {
+                    *dst.add(n) = St::from_f32(tail[n - full]);
                 }
-                acc[i][k & 1] = S::fma(
-                    S::load_f32(tail.as_ptr()),
-                    S::load_f32(c_row.add(full)),
-                    acc[i][k & 1],
-                );
             }
-            y[i] = S::reduce_sum(S::add(acc[i][0], acc[i][1]));
+            let k = full / l;
+            acc[k & 1] = S::fma(
+                S::load_f32(tail.as_ptr()),
+                S::load_f32(c_row.add(full)),
+                acc[k & 1],
+            );
         }
-        y
+        S::reduce_sum(S::add(acc[0], acc[1]))
     }
 }
 
@@ -372,6 +437,9 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
     let (x, rest) = rest.split_at_mut(len * pd);
     let (y, rest) = rest.split_at_mut(len * pd);
     let (z, row) = rest.split_at_mut(z_len);
+    // A decode on a contiguous state of dtype `St` updates the slot's rows in place: no copy.
+    let in_place = len == 1
+        && (args.state.as_ref()).is_some_and(|st| st.strides[3] == 1 && st.dtype == St::DTYPE);
     for i in 0..len {
         let t = seq.start + i;
         unsafe {
@@ -412,12 +480,29 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
                     S::store_f32(decay.as_mut_ptr().add(i * np + n), S::exp(e));
                 }
             }
-            rows::<S, St, _>(args, seq, h, PerState(decay, np), step, bc, x, y, row);
+            match in_place {
+                true => decode_in_place::<S, St, _>(
+                    args,
+                    seq,
+                    h,
+                    PerState(decay, np),
+                    step[0],
+                    bc,
+                    x,
+                    y,
+                ),
+                false => rows::<S, St, _>(args, seq, h, PerState(decay, np), step, bc, x, y, row),
+            }
         } else {
             for i in 0..len {
                 decay[i] = clamped_exp(step[i] * args.a[h]);
             }
-            rows::<S, St, _>(args, seq, h, PerHead(decay), step, bc, x, y, row);
+            match in_place {
+                true => {
+                    decode_in_place::<S, St, _>(args, seq, h, Factor(decay[0]), step[0], bc, x, y)
+                }
+                false => rows::<S, St, _>(args, seq, h, PerHead(decay), step, bc, x, y, row),
+            }
         }
     }
     let out = &args.out;
@@ -458,11 +543,6 @@ unsafe fn rows<S: Simd, St: SimdElement, Dc: Decays<S>>(
     let (pd, nd, len, l) = (args.head_dim, args.state_dim, seq.len, S::LANES);
     let np = nd.next_multiple_of(l);
     let st = args.state.as_ref();
-    // A decode on a contiguous state of dtype `St` updates the slot's rows in place: no copy.
-    let in_place = len == 1 && st.is_some_and(|st| st.strides[3] == 1 && st.dtype == St::DTYPE);
-    if in_place {
-        return unsafe { decode_in_place::<S, St, Dc>(args, seq, h, decay, step[0], bc, x, y) };
-    }
     for p in 0..pd {
         if let (Some(st), Some(slot)) = (st, seq.read) {
             if st.strides[3] == 1 && p + PREFETCH_ROWS < pd {
@@ -508,8 +588,7 @@ unsafe fn rows<S: Simd, St: SimdElement, Dc: Decays<S>>(
     }
 }
 
-/// A one-token sequence's head updated in place on its slot (see [`rows`]), [`DECODE_ROWS`] rows
-/// at a time, the row pointers stepped rather than recomputed from the indices per row.
+/// A one-token sequence's head updated in place on its slot (see [`rows`]) by [`decode_head`].
 ///
 /// # Safety
 /// As for [`rows`]; the state is contiguous in `n` and of dtype `St`.
@@ -540,41 +619,15 @@ unsafe fn decode_in_place<S: Simd, St: SimdElement, Dc: Decays<S>>(
         seq.read.map(|slot| row(slot, h)),
         write.map(|slot| row(slot, h)),
     );
-    // Rows ahead (the hardware prefetchers stop at page boundaries), and at the last rows the
-    // next head's first rows: the next task is usually that head.
-    let next = seq
-        .read
-        .filter(|_| h + 1 < args.heads)
-        .map(|slot| row(slot, h + 1));
-    let (row_len, row_bytes) = (st.strides[2], nd * size_of::<St>());
-    let prefetch_row = |r: usize| match (src, next) {
-        (Some(src), _) if r < pd => prefetch(src.wrapping_add(r * row_len).cast(), row_bytes),
-        (_, Some(next)) if r < 2 * pd => {
-            prefetch(next.wrapping_add((r - pd) * row_len).cast(), row_bytes)
-        }
-        _ => {}
+    let row_len = st.strides[2];
+    let slots = Slots {
+        src: src.map(|src| src.cast_const()),
+        dst,
+        row_len,
+        decay,
     };
-    let mut p = 0;
     unsafe {
-        while p < pd {
-            let slots = Slots {
-                src: src.map(|src| src.add(p * row_len).cast_const()),
-                dst: dst.map(|dst| dst.add(p * row_len)),
-                row_len,
-                decay,
-            };
-            if pd - p >= DECODE_ROWS {
-                (p..p + DECODE_ROWS).for_each(|r| prefetch_row(r + PREFETCH_ROWS));
-                let s = array_of(|i| step * x[p + i]);
-                let out = decode_rows::<S, St, Dc, DECODE_ROWS>(slots, s, bc, nd);
-                y[p..p + DECODE_ROWS].copy_from_slice(&out);
-                p += DECODE_ROWS;
-            } else {
-                prefetch_row(p + PREFETCH_ROWS);
-                [y[p]] = decode_rows::<S, St, Dc, 1>(slots, [step * x[p]], bc, nd);
-                p += 1;
-            }
-        }
+        decode_head::<S, St, Dc>(slots, step, x, bc, args.state_dim, &mut y[..pd]);
         // A checkpoint of a decode is its final state: the rows as just stored.
         if let Some(slot) = write {
             for cp in &seq.checkpoints {

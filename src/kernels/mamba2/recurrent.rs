@@ -344,7 +344,8 @@ unsafe fn decode_head<S: Simd, St: SimdElement, Dc: Decays<S>>(
     }
 }
 
-/// [`decode_head`] for one presence of the old and the new state.
+/// [`decode_head`] for one presence of the old and the new state: per row, the vectors by
+/// [`decode_span`], the tail through a zero-padded vector, `y[p] = h . C`.
 ///
 /// # Safety
 /// As for [`decode_head`].
@@ -363,57 +364,37 @@ unsafe fn decode_rows<
     nd: usize,
     y: &mut [f32],
 ) {
-    for (p, y) in y.iter_mut().enumerate() {
-        *y = unsafe { decode_row::<S, St, Dc, READ, WRITE>(io.row(p), step * x[p], bc, nd) };
-    }
-}
-
-/// One row of [`decode_head`]: the vectors by [`decode_span`], the tail through a zero-padded
-/// vector; returns `h . C`.
-///
-/// # Safety
-/// As for [`decode_head`], for one row.
-#[inline(always)]
-unsafe fn decode_row<
-    S: Simd,
-    St: SimdElement,
-    Dc: Decays<S>,
-    const READ: bool,
-    const WRITE: bool,
->(
-    io: Known<St, Dc, READ, WRITE>,
-    s: f32,
-    bc: &[f32],
-    nd: usize,
-) -> f32 {
     let l = S::LANES;
     let np = nd.next_multiple_of(l);
     let full = nd / l * l;
-    let slots = io.0;
-    unsafe {
-        let (b_row, c_row) = (bc.as_ptr(), bc.as_ptr().add(np));
-        let mut acc = decode_span::<S, _>(io, S::splat(s), b_row, c_row, full);
-        if full < nd {
-            // The tail through a zero-padded vector, as the blocked path's padded row.
-            let mut tail = [0f32; 16];
-            for n in full..nd {
-                let old = match (READ, slots.src) {
-                    (true, Some(src)) => (*src.add(n)).to_f32(),
-                    _ => 0.0,
-                };
-                tail[n - full] = old.mul_add(slots.decay.one(0, n), s * bc[n]);
-                if let (true, Some(dst)) = (WRITE, slots.dst) {
-                    *dst.add(n) = St::from_f32(tail[n - full]);
+    let (b_row, c_row) = (bc.as_ptr(), bc[np..].as_ptr());
+    for (p, y) in y.iter_mut().enumerate() {
+        let (row, s) = (io.row(p), step * x[p]);
+        let slots = row.0;
+        unsafe {
+            let mut acc = decode_span::<S, _>(row, S::splat(s), b_row, c_row, full);
+            if full < nd {
+                // The tail through a zero-padded vector, as the blocked path's padded row.
+                let mut tail = [0f32; 16];
+                for n in full..nd {
+                    let old = match (READ, slots.src) {
+                        (true, Some(src)) => (*src.add(n)).to_f32(),
+                        _ => 0.0,
+                    };
+                    tail[n - full] = old.mul_add(slots.decay.one(0, n), s * bc[n]);
+                    if let (true, Some(dst)) = (WRITE, slots.dst) {
+                        *dst.add(n) = St::from_f32(tail[n - full]);
+                    }
                 }
+                let k = full / l;
+                acc[k & 1] = S::fma(
+                    S::load_f32(tail.as_ptr()),
+                    S::load_f32(c_row.add(full)),
+                    acc[k & 1],
+                );
             }
-            let k = full / l;
-            acc[k & 1] = S::fma(
-                S::load_f32(tail.as_ptr()),
-                S::load_f32(c_row.add(full)),
-                acc[k & 1],
-            );
+            *y = S::reduce_sum(S::add(acc[0], acc[1]));
         }
-        S::reduce_sum(S::add(acc[0], acc[1]))
     }
 }
 

@@ -14,9 +14,10 @@ use crate::kernels::simd::{
 use crate::kernels::strided::{load_row, prefetch, store_row, write_f32};
 use crate::kernels::{Sequence, StateWrite};
 
-/// State rows ahead that are prefetched (the hardware prefetchers stop at page boundaries):
-/// 8 KiB of f32 rows of 128. Measured on the B=64 Nemotron-H decode (Zen 5, 1 thread): 4 rows
-/// 13.3 ms, 8 rows 11.7 ms, 16 rows 10.2 ms, 24 rows 10.5 ms, 32 rows 11.8 ms.
+/// State rows ahead that [`rows`] prefetches when it copies a slot's rows through its row buffer
+/// (a strided or differently typed state, or several tokens): 8 KiB of f32 rows of 128, as
+/// measured for decodes on Zen 5 before they updated their rows in place (4 rows 13.3 ms, 16 rows
+/// 10.2 ms, B = 64). The in-place decode ([`decode_head`]) prefetches nothing: see there.
 const PREFETCH_ROWS: usize = 16;
 
 /// `y = (y + D x) * silu(z)` (no gate when `z` is `None`) over one output row.

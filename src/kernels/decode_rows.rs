@@ -17,7 +17,7 @@
 use std::ops::Range;
 
 use crate::kernels::Sequence;
-use crate::kernels::simd::{Simd, SimdElement, array_of};
+use crate::kernels::simd::{Simd, SimdElement};
 use crate::kernels::strided::{prefetch, prefetch_line};
 
 /// State rows ahead that a decode's first pass prefetches (4 KiB of f32 rows of 128).
@@ -93,8 +93,7 @@ pub(crate) struct StateColumns<'a, St> {
 }
 
 impl<St: SimdElement> StateColumns<'_, St> {
-    /// Updates every column and stores `o` (`o.len()` columns), [`interleaved_columns`] at a
-    /// time; each row is prefetched [`DECODE_PREFETCH_ROWS`] ahead.
+    /// Updates every column and stores `o` (`o.len()` columns).
     ///
     /// # Safety
     /// The pointers are valid for `V` rows of `K` values; the CPU supports `S`.
@@ -105,192 +104,182 @@ impl<St: SimdElement> StateColumns<'_, St> {
             T::TWO_TERMS,
             "the second term's row factors"
         );
-        unsafe { with_known_presence!(self.groups::<S>(terms, o)) }
+        unsafe { with_known_presence!(self.pipeline::<S>(terms, o)) }
     }
 
+    /// The stored rows in memory order, software-pipelined: one sweep updates row `j` (in L1,
+    /// its sum known) while it sums row `j + 1` (streamed from memory). Memory sees one
+    /// sequential stream, which the hardware prefetchers follow (measured on Zen 4, a B = 64
+    /// GDN decode: four rows interleaved with software prefetch ran at 15.2 ms, one row at a
+    /// time without it at 11.0), and each sweep has two independent pairs of sums in flight
+    /// where one row alone is a chain of dependent FMAs (one row at a time from L3 ran 1.45x
+    /// slower than four interleaved).
+    ///
+    /// Row `j`: `s = dot . S[j]` (the old row; 0 without `READ`), `(c, c2) = terms.terms(j, s)`,
+    /// `S[j] = d S[j] + k c + k2 c2` (stored with `WRITE`) and `o_j = S[j] . q`. Each sum has
+    /// two accumulators (even and odd vectors) and then the scalar tail, in a fixed order.
     #[inline(always)]
-    unsafe fn groups<S: Simd, const READ: bool, const WRITE: bool, T: ColumnTerms>(
+    unsafe fn pipeline<S: Simd, const READ: bool, const WRITE: bool, T: ColumnTerms>(
         &self,
         terms: &T,
         o: &mut [f32],
     ) {
         let vd = o.len();
-        let mut j = 0;
+        let src = |j: usize| {
+            self.read
+                .unwrap_or(std::ptr::null())
+                .wrapping_add(j * self.row_stride)
+        };
+        let dst = |j: usize| {
+            self.write
+                .unwrap_or(std::ptr::null_mut())
+                .wrapping_add(j * self.row_stride)
+        };
         unsafe {
-            while j < vd {
-                // Four stored rows at a time: eight independent sums in flight, where one row's
-                // two are a chain of dependent FMAs (measured on Zen 3, AVX2, a B = 1 `[v][k]`
-                // GDN decode from L3: 155 us one row at a time, 123 us two, 108 us four). With a
-                // second rank-1 term and 16 vector registers, two: the coefficients of four spill.
-                j += match (vd - j).min(4) {
-                    4 if T::TWO_TERMS => match S::MANY_VECTORS {
-                        true => self.update::<S, 4, READ, WRITE, T>(j, terms, o),
-                        false => self.update::<S, 2, READ, WRITE, T>(j, terms, o),
-                    },
-                    4 => self.update::<S, 4, READ, WRITE, T>(j, terms, o),
-                    2 | 3 => self.update::<S, 2, READ, WRITE, T>(j, terms, o),
-                    _ => self.update::<S, 1, READ, WRITE, T>(j, terms, o),
+            let mut sum = match (READ, vd) {
+                (true, 1..) => {
+                    let first = (src(0), src(0), dst(0));
+                    self.sweep::<S, false, true, READ, false, T>(first, (0.0, 0.0))
+                        .1
+                }
+                _ => 0.0,
+            };
+            for j in 0..vd {
+                let coefs = terms.terms(j, sum);
+                (o[j], sum) = match READ && j + 1 < vd {
+                    true => self.sweep::<S, true, true, READ, WRITE, T>(
+                        (src(j), src(j + 1), dst(j)),
+                        coefs,
+                    ),
+                    false => self
+                        .sweep::<S, true, false, READ, WRITE, T>((src(j), src(j), dst(j)), coefs),
                 };
             }
         }
     }
 
-    /// Columns `j..j + R` of the state, interleaved (one stored row alone is a chain of
-    /// dependent sums: measured, a `[v][k]` GDN decode from cache ran at half the FMA rate).
-    /// For each, `s = dot . S[j]` (the old row; 0 without `READ`), `(c, c2) = terms.terms(j, s)`,
-    /// `S[j] = d S[j] + k c + k2 c2` (stored with `WRITE`) and `o_j = S[j] . q`. Each sum has two
-    /// accumulators (even and odd vectors) in a fixed order, whatever `R` is. Returns `R`.
+    /// One sweep along `K`: with `UPDATE`, row `src` updated with `coefs` into `dst` (the old
+    /// row read with `READ`, the new one stored with `WRITE`) and its output `S[j] . q`; with
+    /// `SUM`, the sum `dot . next` of the next row. Returns `(output, sum)` (0 for a part not
+    /// run).
     ///
     /// # Safety
-    /// As for [`StateColumns::run`]; `j + R <= o.len()`.
+    /// As for [`StateColumns::run`]; the rows the flags use are valid for `K` values.
     #[inline(always)]
-    unsafe fn update<
+    unsafe fn sweep<
         S: Simd,
-        const R: usize,
+        const UPDATE: bool,
+        const SUM: bool,
         const READ: bool,
         const WRITE: bool,
         T: ColumnTerms,
     >(
         &self,
-        j: usize,
-        terms: &T,
-        o: &mut [f32],
-    ) -> usize {
-        let (l, kd, vd) = (S::LANES, self.k.len(), o.len());
+        rows: (*const St, *const St, *mut St),
+        (c, c2): (f32, f32),
+    ) -> (f32, f32) {
+        let (src, next, dst) = rows;
+        let (l, kd) = (S::LANES, self.k.len());
         let body = kd / l * l;
         let (decays, per_channel) = self.decays;
         let k2 = self.k2.unwrap_or(&[]);
-        let row = |i: usize| (j + i) * self.row_stride;
-        let src: [*const St; R] =
-            array_of(|i| self.read.unwrap_or(std::ptr::null()).wrapping_add(row(i)));
-        let dst: [*mut St; R] = array_of(|i| {
-            self.write
-                .unwrap_or(std::ptr::null_mut())
-                .wrapping_add(row(i))
-        });
         unsafe {
-            if let Some(read) = self.read {
-                let row_bytes = kd * size_of::<St>();
-                for i in 0..R {
-                    if j + i + DECODE_PREFETCH_ROWS < vd {
-                        let ahead =
-                            read.wrapping_add((j + i + DECODE_PREFETCH_ROWS) * self.row_stride);
-                        prefetch(ahead.cast(), row_bytes);
-                    }
-                }
-            }
-            let mut sums = [0f32; R];
-            if READ {
-                // Even vectors into one accumulator, odd ones into the other.
-                let (mut acc0, mut acc1) = ([S::zero(); R], [S::zero(); R]);
-                let mut r = 0;
-                while r + 2 * l <= body {
-                    let (d0, d1) = (self.dot_at::<S>(r), self.dot_at::<S>(r + l));
-                    for i in 0..R {
-                        acc0[i] = S::fma(St::load::<S>(src[i].add(r)), d0, acc0[i]);
-                        acc1[i] = S::fma(St::load::<S>(src[i].add(r + l)), d1, acc1[i]);
-                    }
-                    r += 2 * l;
-                }
-                if r < body {
-                    let d0 = self.dot_at::<S>(r);
-                    for i in 0..R {
-                        acc0[i] = S::fma(St::load::<S>(src[i].add(r)), d0, acc0[i]);
-                    }
-                }
-                for i in 0..R {
-                    sums[i] = S::reduce_sum(S::add(acc0[i], acc1[i]));
-                    for r in body..kd {
-                        sums[i] = (*src[i].add(r)).to_f32().mul_add(self.dot[r], sums[i]);
-                    }
-                }
-            }
-            let mut coefs = [(0f32, 0f32); R];
-            let (mut c, mut c2) = ([S::zero(); R], [S::zero(); R]);
-            for i in 0..R {
-                coefs[i] = terms.terms(j + i, sums[i]);
-                (c[i], c2[i]) = (S::splat(coefs[i].0), S::splat(coefs[i].1));
-            }
-            let (mut acc0, mut acc1) = ([S::zero(); R], [S::zero(); R]);
+            let coefs = (S::splat(c), S::splat(c2));
+            // Even vectors into the first accumulator of each sum, odd ones into the second.
+            let (mut out, mut sum) = ([S::zero(); 2], [S::zero(); 2]);
             let mut r = 0;
             while r + 2 * l <= body {
-                self.update_step::<S, R, READ, WRITE, T>(&src, &dst, r, (&c, &c2), &mut acc0);
-                self.update_step::<S, R, READ, WRITE, T>(&src, &dst, r + l, (&c, &c2), &mut acc1);
+                self.step::<S, UPDATE, SUM, READ, WRITE, T>(
+                    rows,
+                    r,
+                    coefs,
+                    &mut out[0],
+                    &mut sum[0],
+                );
+                self.step::<S, UPDATE, SUM, READ, WRITE, T>(
+                    rows,
+                    r + l,
+                    coefs,
+                    &mut out[1],
+                    &mut sum[1],
+                );
                 r += 2 * l;
             }
             if r < body {
-                self.update_step::<S, R, READ, WRITE, T>(&src, &dst, r, (&c, &c2), &mut acc0);
+                self.step::<S, UPDATE, SUM, READ, WRITE, T>(
+                    rows,
+                    r,
+                    coefs,
+                    &mut out[0],
+                    &mut sum[0],
+                );
             }
-            for i in 0..R {
-                let (ci, c2i) = coefs[i];
-                let mut oj = S::reduce_sum(S::add(acc0[i], acc1[i]));
-                for r in body..kd {
-                    let a = decays[if per_channel { r } else { 0 }];
-                    let old = if READ { (*src[i].add(r)).to_f32() } else { 0.0 };
-                    let mut upd = self.k[r] * ci;
-                    if T::TWO_TERMS {
-                        upd = k2[r].mul_add(c2i, upd);
-                    }
-                    let s_new = old.mul_add(a, upd);
-                    if WRITE {
-                        *dst[i].add(r) = St::from_f32(s_new);
-                    }
-                    oj = s_new.mul_add(self.q[r], oj);
+            let mut o = S::reduce_sum(S::add(out[0], out[1]));
+            let mut s = S::reduce_sum(S::add(sum[0], sum[1]));
+            for r in body..kd {
+                if SUM {
+                    s = (*next.add(r)).to_f32().mul_add(self.dot[r], s);
                 }
-                o[j + i] = oj;
+                if UPDATE {
+                    let old = if READ { (*src.add(r)).to_f32() } else { 0.0 };
+                    let mut upd = self.k[r] * c;
+                    if T::TWO_TERMS {
+                        upd = k2[r].mul_add(c2, upd);
+                    }
+                    let s_new = old.mul_add(decays[if per_channel { r } else { 0 }], upd);
+                    if WRITE {
+                        *dst.add(r) = St::from_f32(s_new);
+                    }
+                    o = s_new.mul_add(self.q[r], o);
+                }
             }
+            (o, s)
         }
-        R
     }
 
-    /// `dot[r..]`, one vector.
+    /// One vector of [`StateColumns::sweep`] at `r`: `out += q S_new[r..]` and
+    /// `sum += dot[r..] next[r..]`.
     #[inline(always)]
-    unsafe fn dot_at<S: Simd>(&self, r: usize) -> S::V {
-        unsafe { S::load_f32(self.dot.as_ptr().add(r)) }
-    }
-
-    /// One vector of [`StateColumns::update`]'s second sweep for each of its columns: the new
-    /// values at `r` (stored with `WRITE`), `acc[i] += q[r..] * S[j + i][r..]`.
-    #[inline(always)]
-    unsafe fn update_step<
+    unsafe fn step<
         S: Simd,
-        const R: usize,
+        const UPDATE: bool,
+        const SUM: bool,
         const READ: bool,
         const WRITE: bool,
         T: ColumnTerms,
     >(
         &self,
-        src: &[*const St; R],
-        dst: &[*mut St; R],
+        (src, next, dst): (*const St, *const St, *mut St),
         r: usize,
-        (c, c2): (&[S::V; R], &[S::V; R]),
-        acc: &mut [S::V; R],
+        (c, c2): (S::V, S::V),
+        out: &mut S::V,
+        sum: &mut S::V,
     ) {
         let (decays, per_channel) = self.decays;
         unsafe {
-            let kv = S::load_f32(self.k.as_ptr().add(r));
-            let k2v = match (T::TWO_TERMS, self.k2) {
-                (true, Some(k2)) => S::load_f32(k2.as_ptr().add(r)),
-                _ => S::zero(),
-            };
-            let a = match per_channel {
-                true => S::load_f32(decays.as_ptr().add(r)),
-                false => S::splat(decays[0]),
-            };
-            let qv = S::load_f32(self.q.as_ptr().add(r));
-            for i in 0..R {
-                let mut upd = S::mul(kv, c[i]);
-                if T::TWO_TERMS {
-                    upd = S::fma(k2v, c2[i], upd);
+            if SUM {
+                let x = S::load_f32(self.dot.as_ptr().add(r));
+                *sum = S::fma(St::load::<S>(next.add(r)), x, *sum);
+            }
+            if UPDATE {
+                let mut upd = S::mul(S::load_f32(self.k.as_ptr().add(r)), c);
+                if let (true, Some(k2)) = (T::TWO_TERMS, self.k2) {
+                    upd = S::fma(S::load_f32(k2.as_ptr().add(r)), c2, upd);
                 }
                 let s_new = match READ {
-                    true => S::fma(St::load::<S>(src[i].add(r)), a, upd),
+                    true => {
+                        let a = match per_channel {
+                            true => S::load_f32(decays.as_ptr().add(r)),
+                            false => S::splat(decays[0]),
+                        };
+                        S::fma(St::load::<S>(src.add(r)), a, upd)
+                    }
                     false => upd,
                 };
                 if WRITE {
-                    St::store::<S>(dst[i].add(r), s_new);
+                    St::store::<S>(dst.add(r), s_new);
                 }
-                acc[i] = S::fma(s_new, qv, acc[i]);
+                *out = S::fma(s_new, S::load_f32(self.q.as_ptr().add(r)), *out);
             }
         }
     }

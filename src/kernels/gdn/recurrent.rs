@@ -21,6 +21,9 @@ struct Tokens {
     vd: usize,
     len: usize,
     decays: usize,
+    /// Floats between the token rows and the caller's scratch, which so starts a 64-byte line
+    /// (the buffer's alignment): its rows are read and written as vectors.
+    pad: usize,
 }
 
 /// The rows of [`Tokens`]: per token `q`, `k` (`K` each), `v` (`V`), the decays `exp(g)` (one,
@@ -41,7 +44,8 @@ impl Tokens {
         let (k, rest) = rest.split_at_mut(len * kd);
         let (v, rest) = rest.split_at_mut(len * vd);
         let (decay, rest) = rest.split_at_mut(len * self.decays);
-        let (beta, extra) = rest.split_at_mut(len);
+        let (beta, rest) = rest.split_at_mut(len);
+        let extra = &mut rest[self.pad..];
         (
             TokenRows {
                 q,
@@ -75,12 +79,15 @@ unsafe fn load_tokens<S: Simd>(
     let (kd, vd, len) = (args.k_dim, args.v_dim, seq.len);
     let h = args.qk_head(hv);
     let decays = if args.per_channel { kd } else { 1 };
+    let rows = len * (2 * kd + vd + decays + 1);
+    let pad = rows.next_multiple_of(16) - rows;
     let mut tokens = Tokens {
-        buf: TaskBuffer::take(len * (2 * kd + vd + decays + 1) + decays + extra),
+        buf: TaskBuffer::take(rows + pad + decays + extra),
         kd,
         vd,
         len,
         decays,
+        pad,
     };
     let (t, scratch) = tokens.split();
     let g_row = &mut scratch[..decays];

@@ -413,9 +413,12 @@ pub unsafe fn sequence_head<S: Simd, St: SimdElement>(args: &Scan, seq: &Sequenc
     let decay_len = if args.a_per_state() { len * np } else { len };
     let z_len = if args.z.is_some() { len * pd } else { 0 };
     let mut buf = TaskBuffer::take(len + decay_len + 2 * len * np + 2 * len * pd + z_len + np);
-    let (step, rest) = buf.split_at_mut(len);
+    // B and C first, where the buffer's 64-byte alignment keeps their rows (`np` floats) whole
+    // vectors: after the step and decay they began 8 bytes on, and half of their loads spanned
+    // two cache lines (measured on Zen 4, a B = 1 decode from cache: 0.154 -> 0.138 ms).
+    let (bc, rest) = buf.split_at_mut(2 * len * np);
+    let (step, rest) = rest.split_at_mut(len);
     let (decay, rest) = rest.split_at_mut(decay_len);
-    let (bc, rest) = rest.split_at_mut(2 * len * np);
     let (x, rest) = rest.split_at_mut(len * pd);
     let (y, rest) = rest.split_at_mut(len * pd);
     let (z, row) = rest.split_at_mut(z_len);

@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # First: vllm_mamba2 sizes torch's OpenMP pool from --threads before torch starts it.
-from vllm_mamba2 import best_ms, cpu_model, load_vllm  # noqa: E402
+from vllm_mamba2 import TABLE_HEADER, best_ms, cpu_model, load_vllm, table_row  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -123,9 +123,7 @@ def main():
                  else "causal_conv1d_fn_cpu (torch) / _C.causal_conv1d_update_cpu_vec")
     print(f"cpu: {cpu_model()}; torch {torch.__version__}; vllm lib {os.path.basename(path)} "
           f"({path_name}); ssmk {ssmk.version()} isa {ssmk.active_isa()}")
-    print("| row | threads | vLLM ms | ssmk ms | ssmk faster by | in-place rmw ms | ssmk vs rmw "
-          "| max diff out / state |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(TABLE_HEADER)
     load0 = os.getloadavg()[0]
     torch.set_grad_enabled(False)
     rows = [("conv prefill 4x512", [512] * 4, False), ("conv decode B=64", [1] * 64, True),
@@ -133,12 +131,8 @@ def main():
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         for i, (name, lens, decode) in enumerate(rows):
-            times, (d_out, d_state), bound = row(lens, decode, threads, args.reps, packed, seed=i)
-            rmw = "-" if bound is None else f"{bound:.3f}"
-            vs = "-" if bound is None else f"{bound / times['ssmk']:.2f}x"
-            print(f"| {name} | {threads} | {times['vllm']:.3f} | {times['ssmk']:.3f} | "
-                  f"{times['vllm'] / times['ssmk']:.2f}x | {rmw} | {vs} | {d_out:.1e} / {d_state:.1e} |",
-                  flush=True)
+            times, diffs, bound = row(lens, decode, threads, args.reps, packed, seed=i)
+            print(table_row(name, threads, times, diffs, bound), flush=True)
     load1 = os.getloadavg()[0]
     print(f"\nload average (1 min) at start {load0:.2f}, at end {load1:.2f}")
 

@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # First: vllm_mamba2 sizes torch's OpenMP pool from --threads before torch starts it.
-from vllm_mamba2 import best_ms, cpu_model, load_vllm  # noqa: E402
+from vllm_mamba2 import TABLE_HEADER, best_ms, cpu_model, load_vllm, table_row  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -112,9 +112,7 @@ def main():
     path = load_vllm(args.vllm_lib)
     print(f"cpu: {cpu_model()}; torch {torch.__version__}; vllm lib {os.path.basename(path)}; "
           f"ssmk {ssmk.version()} isa {ssmk.active_isa()}")
-    print("| row | threads | vLLM ms | ssmk ms | ssmk faster by | in-place rmw ms | ssmk vs rmw "
-          "| max diff out / state |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(TABLE_HEADER)
     load0 = os.getloadavg()[0]
     # As vLLM runs models: no autograd, so ssmk.torch calls the library directly.
     torch.set_grad_enabled(False)
@@ -123,12 +121,8 @@ def main():
         rows = [("GDN prefill 1x2048", prefill_row, [2048]), ("GDN prefill 4x512", prefill_row, [512] * 4),
                 ("GDN decode B=64", decode_row, 64), ("GDN decode B=1", decode_row, 1)]
         for i, (name, fn, shape) in enumerate(rows):
-            times, (d_out, d_state), bound = fn(shape, threads, args.reps, seed=i)
-            rmw = "-" if bound is None else f"{bound:.3f}"
-            vs = "-" if bound is None else f"{bound / times['ssmk']:.2f}x"
-            print(f"| {name} | {threads} | {times['vllm']:.3f} | {times['ssmk']:.3f} | "
-                  f"{times['vllm'] / times['ssmk']:.2f}x | {rmw} | {vs} | {d_out:.1e} / {d_state:.1e} |",
-                  flush=True)
+            times, diffs, bound = fn(shape, threads, args.reps, seed=i)
+            print(table_row(name, threads, times, diffs, bound), flush=True)
     load1 = os.getloadavg()[0]
     print(f"\nload average (1 min) at start {load0:.2f}, at end {load1:.2f}")
 

@@ -252,6 +252,19 @@ def best_ms(fns, reps):
     return {k: v * 1e3 for k, v in best.items()}
 
 
+TABLE_HEADER = ("| row | threads | vLLM ms | ssmk ms | ssmk faster by | in-place rmw ms | ssmk vs rmw "
+                "| max diff out / state |\n|---|---|---|---|---|---|---|---|")
+
+
+def table_row(name, threads, times, diffs, bound):
+    """One row of ``TABLE_HEADER``'s table: ``times`` (ms) of ``vllm`` and ``ssmk``, the max
+    differences of the output and the state, and the in-place bound in ms (None for a prefill)."""
+    rmw = "-" if bound is None else f"{bound:.3f}"
+    vs = "-" if bound is None else f"{bound / times['ssmk']:.2f}x"
+    return (f"| {name} | {threads} | {times['vllm']:.3f} | {times['ssmk']:.3f} | "
+            f"{times['vllm'] / times['ssmk']:.2f}x | {rmw} | {vs} | {diffs[0]:.1e} / {diffs[1]:.1e} |")
+
+
 def run_case(case, args, has_ssmk, want_ref):
     res = {"name": case.name, "T": case.T, "B": case.nb, "shape": [case.NH, case.P, case.G, case.N]}
     ref_out = ref_state = None

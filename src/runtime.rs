@@ -216,7 +216,7 @@ pub fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
 /// Runs `f` with every call it makes on this thread spreading its tasks over the context's
 /// threads however small the call. Calls otherwise keep small work on the calling thread (the
 /// conv and ShortConv below [`crate::kernels::conv`]'s output count, decodes below
-/// [`MIN_PARALLEL_BYTES`]), where waking the pool would cost more than it saves; tests use this
+/// `MIN_PARALLEL_BYTES`), where waking the pool would cost more than it saves; tests use this
 /// to check that results do not depend on the thread count on problems of any size.
 pub fn with_every_call_parallel<R>(f: impl FnOnce() -> R) -> R {
     with_thread_local(&EVERY_CALL_PARALLEL, true, f)
@@ -239,7 +239,7 @@ pub(crate) fn every_call_parallel() -> bool {
 /// family (4.2-8.4 MB) and Mamba-1's (1 MiB of state) stay; larger batches spread.
 pub(crate) const MIN_PARALLEL_BYTES: usize = 12 << 20;
 
-/// [`MIN_PARALLEL_BYTES`] on a team of the process's OpenMP threads (`SSMK_POOL=openmp`): in a
+/// `MIN_PARALLEL_BYTES` on a team of the process's OpenMP threads (`SSMK_POOL=openmp`): in a
 /// runtime that runs its own work on them they are spinning from its last parallel region, so a
 /// team starts in microseconds, and a decode moving more than about 60 us of one core's streaming
 /// (2 MiB) gains from it (a one-sequence Gated DeltaNet decode in vLLM, measured in
@@ -334,7 +334,7 @@ impl Context {
     }
 
     /// [`Context::for_each`] for work that moves about `bytes` (state read and written, rows in
-    /// and out): below [`MIN_PARALLEL_BYTES`] (on an OpenMP team [`MIN_PARALLEL_BYTES_OPENMP`])
+    /// and out): below `MIN_PARALLEL_BYTES` (on an OpenMP team `MIN_PARALLEL_BYTES_OPENMP`)
     /// the tasks run in order on the calling thread.
     pub fn for_each_moving(&self, n: usize, bytes: usize, task: impl Fn(usize) + Send + Sync) {
         let least = match self.openmp {
@@ -350,7 +350,7 @@ impl Context {
     /// Runs `task(i)` for every `i in 0..n`. With one thread (or one task) it runs in order on the
     /// caller's thread and starts nothing. Otherwise the calling thread and up to `threads - 1`
     /// helpers from the private pool claim the tasks in index order from a shared counter, each
-    /// taking the next run as it finishes one (see [`Claims::run`]). The caller wakes at most two
+    /// taking the next run as it finishes one (see `Claims::run`). The caller wakes at most two
     /// helpers and each helper wakes at most two more ([`helper_tree`]), so a wide pool starts in
     /// a few wake-ups. The caller then starts at once and never waits for a helper to wake: a
     /// helper that comes late (its core busy with another runtime's threads, e.g. torch's OpenMP

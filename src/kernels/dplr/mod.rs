@@ -4,7 +4,7 @@
 //! `d = exp(w)` (log form) or `d = w` (`SSMK_DPLR_W_LINEAR`).
 //!
 //! Two implementations of that one recurrence:
-//! - [`reference`]: the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
+//! - [`reference`](mod@reference): the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
 //! - `recurrent`: the same recurrence in f32 SIMD, generic over [`crate::kernels::simd::Simd`],
 //!   instantiated per instruction set by `dplr_entry_points!` (`x86.rs`, `aarch64.rs`), and
 //!   `decode`, which runs a one-token sequence straight on the state's rows instead.
@@ -105,7 +105,7 @@ const MAX_HEAD_GROUP: usize = 8;
 const MAX_HEAD_GROUP_BYTES: usize = 256 << 10;
 
 /// Runs the DPLR delta rule with the implementation for `isa` (`Isa::Scalar` = the f64
-/// reference), one task per sequence and group of heads (one head, or up to [`MAX_HEAD_GROUP`]
+/// reference), one task per sequence and group of heads (one head, or up to `MAX_HEAD_GROUP`
 /// when a sequence is longer than a chunk and there are tasks enough for the threads): each
 /// head's arithmetic is the same in any group, so results are bitwise identical for any thread
 /// count.

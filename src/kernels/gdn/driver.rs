@@ -236,7 +236,7 @@ impl Split {
     /// threads), more on a socket, where one long prefill has fewer heads than cores. Runs of
     /// v-heads only with `members` (the fused form; the waves' pass 2 is per v-head already);
     /// column blocks of at least [`MIN_BLOCK_COLUMNS`], none with checkpoints (see
-    /// [`chunked::inter_chunk_checkpointed`]).
+    /// [`super::chunked::inter_chunk_checkpointed`]).
     fn best(args: &DeltaRule, units: usize, threads: usize, members: bool) -> Split {
         let powers = |most: usize| {
             std::iter::successors(Some(1usize), |b| Some(b * 2)).take_while(move |&b| b <= most)

@@ -2,7 +2,7 @@
 //! `[N, HV]`, parallel over blocks of rows. O(N * HV) work next to the O(N * HV * K * V) delta rule,
 //! so plain f32 with libm-accurate `exp`/`ln_1p` is fast enough and exact enough. Kimi Delta
 //! Attention's per-channel gates (§4.8, `[N, HV, K]`) are K times more (as much as the delta
-//! rule's own inputs): the scalar form is the reference, the SIMD ISAs take [`kda_gate_row`].
+//! rule's own inputs): the scalar form is the reference, the SIMD ISAs take `kda_gate_row`.
 
 use super::{Strided, load_row, read_f32, store_row, write_f32};
 use crate::dtype::DType;

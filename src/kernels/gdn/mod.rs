@@ -5,11 +5,11 @@
 //! `S_t = a_t S_{t-1} + k_t (x) beta_t (v_t - (a_t S_{t-1})^T k_t)`, `o_t = scale * S_t^T q_t`,
 //! where `a_t` is one decay per v-head (Gated DeltaNet, `g` `[T, HV]`) or one per key channel,
 //! scaling row `i` of the state (Kimi Delta Attention, `g` `[T, HV, K]`).
-//! - [`reference`]: the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
+//! - [`reference`](mod@reference): the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
 //! - `recurrent`: the same recurrence in f32 SIMD, for decodes, speculative sequences and short
 //!   prefills. Columns of the state evolve independently, so it keeps a `K x 2*LANES` column block
 //!   in L1 and runs every token over it: the state is streamed from memory once per call.
-//! - `chunked`: the WY form with chunks of [`CHUNK`] tokens for long prefills, as small GEMMs. Pass 1
+//! - `chunked`: the WY form with chunks of `CHUNK` tokens for long prefills, as small GEMMs. Pass 1
 //!   (parallel over (chunk, q/k head)) builds every chunk's state-independent pieces; pass 2
 //!   (parallel over (sequence, v-head)) runs the chunks of one sequence in order through the state.
 //!

@@ -5,13 +5,13 @@
 //! `h_t = a_t h_{t-1} + d_t x_t (x) B_t` (`P x N`), `y_t = h_t C_t + D[h] x_t`, `y_t *= silu(z_t)`.
 //! With `A` of shape `[NH, N]` (Mamba-1) the decay is per state channel: `exp(d_t A[h][n])`
 //! scales column `n` of the state.
-//! - [`reference`]: the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
+//! - [`reference`](mod@reference): the per-token recurrence in f64, the crate's oracle (`Isa::Scalar`).
 //! - `recurrent`: the recurrence in f32 SIMD for decodes, speculative and short sequences. Rows
 //!   `p` of the state evolve independently, so each row runs every token while it sits in L1: the
 //!   state is streamed from memory once per call (once per token written in speculative mode).
 //! - `channels`: scans with one channel per head (`P = 1`, Mamba-1's `d_inner` channels), the
 //!   channels in SIMD lanes, for every kind of sequence.
-//! - `chunked`: the SSD form with chunks of [`CHUNK`] tokens, as small GEMMs. Pass 1 (parallel
+//! - `chunked`: the SSD form with chunks of `CHUNK` tokens, as small GEMMs. Pass 1 (parallel
 //!   over (chunk, group)) builds `C B^T`, shared by the group's heads; pass 2 (parallel over
 //!   (sequence, head)) runs the chunks of one sequence in order through the state.
 //!

@@ -210,7 +210,7 @@ impl<S: Simd> Decays<S> for PerState<'_> {
 }
 
 /// Where the old state of a decode's rows comes from and their new state goes (see
-/// [`decode_row`]): one type per case, so the vector loop is compiled once per case with nothing
+/// [`decode_rows`]): one type per case, so the vector loop is compiled once per case with nothing
 /// to test inside it (matching the `Option`s per vector kept its two sums on the stack, a
 /// store-to-load round trip per vector: 14% of a B=64 decode's samples sat on that store). Trait
 /// methods, not closures: a closure does not inherit the entry point's target features, and its

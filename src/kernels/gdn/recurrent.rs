@@ -21,9 +21,6 @@ struct Tokens {
     vd: usize,
     len: usize,
     decays: usize,
-    /// Floats between the token rows and the caller's scratch, which so starts a 64-byte line
-    /// (the buffer's alignment): its rows are read and written as vectors.
-    pad: usize,
 }
 
 /// The rows of [`Tokens`]: per token `q`, `k` (`K` each), `v` (`V`), the decays `exp(g)` (one,
@@ -37,15 +34,23 @@ struct TokenRows<'a> {
 }
 
 impl Tokens {
+    /// Floats of the token rows, rounded up to a 64-byte line (the buffer's alignment), so the
+    /// caller's scratch after them, read and written as vectors, starts on one.
+    fn rows_floats(kd: usize, vd: usize, len: usize, decays: usize) -> usize {
+        (len * (2 * kd + vd + decays + 1)).next_multiple_of(16)
+    }
+
     /// The token rows and the caller's scratch.
     fn split(&mut self) -> (TokenRows<'_>, &mut [f32]) {
         let (kd, vd, len) = (self.kd, self.vd, self.len);
-        let (q, rest) = self.buf.split_at_mut(len * kd);
+        let (rows, extra) = self
+            .buf
+            .split_at_mut(Tokens::rows_floats(kd, vd, len, self.decays));
+        let (q, rest) = rows.split_at_mut(len * kd);
         let (k, rest) = rest.split_at_mut(len * kd);
         let (v, rest) = rest.split_at_mut(len * vd);
         let (decay, rest) = rest.split_at_mut(len * self.decays);
-        let (beta, rest) = rest.split_at_mut(len);
-        let extra = &mut rest[self.pad..];
+        let beta = &mut rest[..len];
         (
             TokenRows {
                 q,
@@ -79,15 +84,12 @@ unsafe fn load_tokens<S: Simd>(
     let (kd, vd, len) = (args.k_dim, args.v_dim, seq.len);
     let h = args.qk_head(hv);
     let decays = if args.per_channel { kd } else { 1 };
-    let rows = len * (2 * kd + vd + decays + 1);
-    let pad = rows.next_multiple_of(16) - rows;
     let mut tokens = Tokens {
-        buf: TaskBuffer::take(rows + pad + decays + extra),
+        buf: TaskBuffer::take(Tokens::rows_floats(kd, vd, len, decays) + decays + extra),
         kd,
         vd,
         len,
         decays,
-        pad,
     };
     let (t, scratch) = tokens.split();
     let g_row = &mut scratch[..decays];

@@ -18,13 +18,16 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL/DQ (plus AVX2/FMA/F16C) (x86-64).
     Avx512,
+    /// AVX-512 with AVX512_BF16 (Zen 4/5, Cooper Lake, Sapphire Rapids and later): the AVX-512
+    /// kernels, with `vdpbf16ps` for the products of two bf16 inputs of a call (f32 sums).
+    Avx512Bf16,
     /// NEON (Advanced SIMD) with f32 FMA (aarch64).
     Neon,
 }
 
 /// The levels of the build target's architecture, lowest first.
 #[cfg(target_arch = "x86_64")]
-const LEVELS: &[Isa] = &[Isa::Scalar, Isa::Avx2, Isa::Avx512];
+const LEVELS: &[Isa] = &[Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
 #[cfg(target_arch = "aarch64")]
 const LEVELS: &[Isa] = &[Isa::Scalar, Isa::Neon];
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -36,6 +39,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512_bf16",
             Isa::Neon => "neon",
         }
     }
@@ -45,6 +49,7 @@ impl Isa {
             "scalar" => Some(Isa::Scalar),
             "avx2" => Some(Isa::Avx2),
             "avx512" => Some(Isa::Avx512),
+            "avx512_bf16" => Some(Isa::Avx512Bf16),
             "neon" => Some(Isa::Neon),
             _ => None,
         }
@@ -102,7 +107,7 @@ impl Isa {
             Err(_) => Isa::supported(),
             Ok(name) => {
                 let wanted = Isa::parse(&name).unwrap_or_else(|| {
-                    panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2, avx512 or neon")
+                    panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2, avx512, avx512_bf16 or neon")
                 });
                 assert!(
                     wanted.for_this_cpu() == wanted && wanted <= Isa::active(),
@@ -158,7 +163,9 @@ fn detect() -> Isa {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512dq");
-    if avx512 {
+    if avx512 && is_x86_feature_detected!("avx512bf16") {
+        Isa::Avx512Bf16
+    } else if avx512 {
         Isa::Avx512
     } else if avx2 {
         Isa::Avx2

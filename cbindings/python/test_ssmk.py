@@ -57,7 +57,7 @@ class Surface(unittest.TestCase):
     def test_version_and_status_strings(self):
         macros = dict(re.findall(r"#define SSMK_VERSION_(MAJOR|MINOR|PATCH) (\d+)", header_text()))
         self.assertEqual(ssmk.version(), f"{macros['MAJOR']}.{macros['MINOR']}.{macros['PATCH']}")
-        self.assertIn(ssmk.active_isa(), ("scalar", "avx2", "avx512", "neon"))
+        self.assertIn(ssmk.active_isa(), ("scalar", "avx2", "avx512", "avx512_bf16", "neon"))
         for code in (ssmk.OK, ssmk.ERR_NULL_POINTER, ssmk.ERR_OUT_OF_BOUNDS, ssmk.ERR_PANIC):
             self.assertTrue(ssmk.status_str(code).startswith("SSMK_"))
         self.assertEqual(ssmk.status_str(7), "unknown ssmk status")

@@ -71,9 +71,10 @@ pub extern "C" fn ssmk_version() -> *const c_char {
     })
 }
 
-/// Instruction set the kernels use: "scalar", "avx2" (AVX2 + FMA + F16C) or "avx512" on x86-64,
-/// "scalar" or "neon" on aarch64. Detected once per process; the environment variable
-/// `SSMK_MAX_ISA=scalar|avx2|avx512|neon` read at that moment may lower it, never raise it (a
+/// Instruction set the kernels use: "scalar", "avx2" (AVX2 + FMA + F16C), "avx512" or
+/// "avx512_bf16" (AVX-512 with AVX512_BF16's bf16 dot product, used for the products of two bf16
+/// inputs) on x86-64, "scalar" or "neon" on aarch64. Detected once per process; the environment
+/// variable `SSMK_MAX_ISA=scalar|avx2|avx512|avx512_bf16|neon` read at that moment may lower it, never raise it (a
 /// level of another architecture lowers it to "scalar").
 ///
 /// @return a static NUL-terminated string, never NULL. Thread-safe.
@@ -83,6 +84,7 @@ pub extern "C" fn ssmk_active_isa() -> *const c_char {
         Isa::Scalar => c"scalar".as_ptr(),
         Isa::Avx2 => c"avx2".as_ptr(),
         Isa::Avx512 => c"avx512".as_ptr(),
+        Isa::Avx512Bf16 => c"avx512_bf16".as_ptr(),
         Isa::Neon => c"neon".as_ptr(),
     })
 }

@@ -6,6 +6,11 @@
 //! registers) and 6 x 64 on AVX-512 (24 accumulators, 4 B vectors, 1 broadcast of 32: per B row
 //! loaded, twice the FMAs of 6 x 32, which measured 7-8% faster on a whole Gated DeltaNet
 //! prefill).
+//!
+//! [`gemm_bf16_pairs`] is the same tile over bf16 operands on a CPU with a bf16 dot product
+//! ([`Simd::dot_bf16_pairs`]): `A` row-major in pairs along the sum, `B` packed as pairs
+//! `[p/2][n][2]` ([`pack_bf16_pairs_transposed`]) — the "VNNI" layout AMX's `tdpbf16ps` also takes
+//! for its B tiles, so an AMX tile kernel can be added behind the same packed operands.
 
 use crate::kernels::simd::Simd;
 
@@ -62,6 +67,59 @@ pub unsafe fn gemm<S: Simd>(
     start: Start,
     lower: bool,
 ) {
+    unsafe { product::<S, false>(m, n, p, a, b, ldb, c, ldc, start, lower) }
+}
+
+/// `C[m x n] = start + A B` over bf16 operands: `a` holds the rows of `A` as `pairs` pairs of
+/// bf16 (`u32`, lower half first) a row, `lda` pairs apart; `b` holds `B` packed as
+/// [`pack_bf16_pairs_transposed`] leaves it, `ldb` pairs apart. Each pair step is one
+/// [`Simd::dot_bf16_pairs`]: exact products of normal values, f32 sums, bf16 denormal inputs
+/// and f32 denormal sums as zero. Whole vectors only: the columns from `n` up to the next
+/// multiple of `S::LANES` are computed too (from whatever B holds there), so no column is left
+/// to scalar code that would round differently.
+///
+/// # Safety
+/// `S::BF16_DOT`; with `nv = n.next_multiple_of(S::LANES)`, every addressed pair of `a` (`i < m`,
+/// `l < pairs`) and `b` (`l < pairs`, `j < nv`) and C's elements `(i, j < nv)` (row stride `ldc`,
+/// `Start` as for [`gemm`]) must be valid, C not overlapping A or B.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_bf16_pairs<S: Simd>(
+    m: usize,
+    n: usize,
+    pairs: usize,
+    (a, lda): (*const u32, usize),
+    (b, ldb): (*const u32, usize),
+    c: *mut f32,
+    ldc: usize,
+    start: Start,
+) {
+    debug_assert!(S::BF16_DOT);
+    let a = MatA {
+        ptr: a.cast(),
+        row_stride: lda,
+        col_stride: 1,
+    };
+    let n = n.next_multiple_of(S::LANES);
+    unsafe { product::<S, true>(m, n, pairs, a, b.cast(), ldb, c, ldc, start, false) }
+}
+
+/// [`gemm`] (`DOT` false: f32 FMA) or [`gemm_bf16_pairs`] (`DOT`: the elements of A and B are
+/// bf16 pairs carried as f32 bits, never used as numbers).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn product<S: Simd, const DOT: bool>(
+    m: usize,
+    n: usize,
+    p: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    start: Start,
+    lower: bool,
+) {
     let lanes = S::LANES;
     // Vectors per column panel (a constant of `S`: the branches fold away).
     let nv = if S::MANY_VECTORS { 4 } else { 2 };
@@ -70,22 +128,23 @@ pub unsafe fn gemm<S: Simd>(
         while j + nv * lanes <= n {
             let (b_j, c_j) = (b.add(j), c.add(j));
             match S::MANY_VECTORS {
-                true => rows::<S, 4>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
-                false => rows::<S, 2>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
+                true => rows::<S, 4, DOT>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
+                false => rows::<S, 2, DOT>(m, p, a, b_j, ldb, c_j, ldc, start, lower),
             }
             j += nv * lanes;
         }
         if nv > 2 && j + 2 * lanes <= n {
             // E.g. the 32- and 48-column bands of k k^T and q k^T: a 1-vector panel issues 7 loads
             // (1 B vector, 6 broadcasts) per 6 FMAs, bound by the loads.
-            rows::<S, 2>(m, p, a, b.add(j), ldb, c.add(j), ldc, start, lower);
+            rows::<S, 2, DOT>(m, p, a, b.add(j), ldb, c.add(j), ldc, start, lower);
             j += 2 * lanes;
         }
         while j + lanes <= n {
-            rows::<S, 1>(m, p, a, b.add(j), ldb, c.add(j), ldc, start, lower);
+            rows::<S, 1, DOT>(m, p, a, b.add(j), ldb, c.add(j), ldc, start, lower);
             j += lanes;
         }
         if j < n {
+            debug_assert!(!DOT, "gemm_bf16_pairs runs whole vectors");
             scalar_columns(m, n - j, p, a, b.add(j), ldb, c.add(j), ldc, start);
         }
     }
@@ -93,7 +152,7 @@ pub unsafe fn gemm<S: Simd>(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows<S: Simd, const NV: usize>(
+unsafe fn rows<S: Simd, const NV: usize, const DOT: bool>(
     m: usize,
     p: usize,
     a: MatA,
@@ -115,12 +174,12 @@ unsafe fn rows<S: Simd, const NV: usize>(
         let (c_i, start_i) = (c.wrapping_add(i * ldc), start.at_row(i));
         unsafe {
             match mr {
-                6 => tile::<S, 6, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
-                5 => tile::<S, 5, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
-                4 => tile::<S, 4, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
-                3 => tile::<S, 3, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
-                2 => tile::<S, 2, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
-                _ => tile::<S, 1, NV>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                6 => tile::<S, 6, NV, DOT>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                5 => tile::<S, 5, NV, DOT>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                4 => tile::<S, 4, NV, DOT>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                3 => tile::<S, 3, NV, DOT>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                2 => tile::<S, 2, NV, DOT>(depth, a_i, b, ldb, c_i, ldc, start_i),
+                _ => tile::<S, 1, NV, DOT>(depth, a_i, b, ldb, c_i, ldc, start_i),
             }
         }
         i += mr;
@@ -129,7 +188,7 @@ unsafe fn rows<S: Simd, const NV: usize>(
 
 /// One `R x NV*LANES` block of C over `depth` terms, accumulators in registers.
 #[inline(always)]
-unsafe fn tile<S: Simd, const R: usize, const NV: usize>(
+unsafe fn tile<S: Simd, const R: usize, const NV: usize, const DOT: bool>(
     depth: usize,
     a: MatA,
     b: *const f32,
@@ -161,7 +220,10 @@ unsafe fn tile<S: Simd, const R: usize, const NV: usize>(
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = S::splat(*ap.add(r * a.row_stride));
                 for (v, x) in row.iter_mut().enumerate() {
-                    *x = S::fma(av, bv[v], *x);
+                    *x = match DOT {
+                        true => S::dot_bf16_pairs(*x, av, bv[v]),
+                        false => S::fma(av, bv[v], *x),
+                    };
                 }
             }
             ap = ap.add(a.col_stride);
@@ -202,6 +264,60 @@ unsafe fn scalar_columns(
                         .mul_add(*b.add(l * ldb + j), s);
                 }
                 *c.add(i * ldc + j) = s;
+            }
+        }
+    }
+}
+
+/// Packs rows of bf16 (`rows` rows of `len` values, element `(i, l)` at `src + i * row_stride +
+/// l * col_stride`) as pairs along each row: `dst[i * ld + l / 2]` holds values `l` and `l + 1`
+/// (lower half first), a missing last value zero. For the `A` operand of [`gemm_bf16_pairs`].
+///
+/// # Safety
+/// Every addressed source element and `dst[i * ld + l]` for `i < rows`, `l < len.div_ceil(2)`.
+pub unsafe fn pack_bf16_pairs(
+    src: *const u16,
+    (row_stride, col_stride): (usize, usize),
+    rows: usize,
+    len: usize,
+    dst: *mut u32,
+    ld: usize,
+) {
+    for i in 0..rows {
+        for l in 0..len.div_ceil(2) {
+            unsafe {
+                let at = |e: usize| match e < len {
+                    true => u32::from(*src.add(i * row_stride + e * col_stride)),
+                    false => 0,
+                };
+                *dst.add(i * ld + l) = at(2 * l) | at(2 * l + 1) << 16;
+            }
+        }
+    }
+}
+
+/// Packs the transpose of rows of bf16 (as [`pack_bf16_pairs`] reads them) for the `B` operand
+/// of [`gemm_bf16_pairs`]: `dst[(l / 2) * ld + i]` holds values `l` and `l + 1` of row `i`, so
+/// `B = rows^T` (`len x rows`) in pairs along its `len` rows.
+///
+/// # Safety
+/// Every addressed source element and `dst[l * ld + i]` for `i < rows`, `l < len.div_ceil(2)`.
+pub unsafe fn pack_bf16_pairs_transposed(
+    src: *const u16,
+    strides: (usize, usize),
+    rows: usize,
+    len: usize,
+    dst: *mut u32,
+    ld: usize,
+) {
+    for i in 0..rows {
+        for l in 0..len.div_ceil(2) {
+            unsafe {
+                let at = |e: usize| match e < len {
+                    true => u32::from(*src.add(i * strides.0 + e * strides.1)),
+                    false => 0,
+                };
+                *dst.add(l * ld + i) = at(2 * l) | at(2 * l + 1) << 16;
             }
         }
     }

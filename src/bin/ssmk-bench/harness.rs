@@ -347,7 +347,7 @@ fn fma_peak_once() -> f64 {
         const ITERS: usize = 1 << 20;
         let (run, lanes): (unsafe fn(usize) -> f32, usize) = match Isa::active() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => (fma_loop_avx512, ssmk::kernels::simd::Avx512::LANES),
+            Isa::Avx512 | Isa::Avx512Bf16 => (fma_loop_avx512, ssmk::kernels::simd::Avx512::LANES),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => (fma_loop_avx2, ssmk::kernels::simd::Avx2::LANES),
             #[cfg(target_arch = "aarch64")]

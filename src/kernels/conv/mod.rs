@@ -380,7 +380,7 @@ pub fn conv_fn(isa: Isa) -> ConvFn {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::avx2::run,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::avx512::run,
+        Isa::Avx512 | Isa::Avx512Bf16 => x86::avx512::run,
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => aarch64::neon::run,
         _ => run_reference,

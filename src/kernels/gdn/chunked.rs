@@ -36,7 +36,9 @@ use super::{CHUNK, DeltaRule, PREFETCH_TOKENS, Sequence, StateWrite, prefetch_l2
 use crate::dtype::DType;
 pub use crate::kernels::chunking::Chunk;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::gemm::{MatA, Start, gemm};
+use crate::kernels::gemm::{
+    MatA, Start, gemm, gemm_bf16_pairs, pack_bf16_pairs, pack_bf16_pairs_transposed,
+};
 use crate::kernels::simd::{
     Simd, exp_in_place, load_row_simd, scale_into, store_row_simd, transpose,
 };
@@ -155,6 +157,8 @@ struct Work<'a> {
     q: &'a mut [f32],
     k: &'a mut [f32],
     kk: &'a mut [f32],
+    /// The factors that normalised each token's raw q and k rows.
+    scales: [(f32, f32); C],
 }
 
 impl Work<'_> {
@@ -236,10 +240,11 @@ pub unsafe fn intra<S: Simd>(task: &Pass1, buf: &mut [f32], each_head: EachHead)
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
     let mut rest = buf;
-    let work = Work {
+    let mut work = Work {
         q: carve(&mut rest, C * kp),
         k: carve(&mut rest, C * kp),
         kk: carve(&mut rest, C * C),
+        scales: [(0.0, 0.0); C],
     };
     let mut next = NextChunk {
         args,
@@ -248,7 +253,7 @@ pub unsafe fn intra<S: Simd>(task: &Pass1, buf: &mut [f32], each_head: EachHead)
         row: 0,
     };
     for i in 0..m {
-        unsafe {
+        work.scales[i] = unsafe {
             args.load_qk::<S>(
                 chunk.start + i,
                 h,
@@ -330,7 +335,8 @@ impl Pass1<'_> {
     }
 }
 
-/// The per-head form's work after [`Work`]: the masked `q k^T` and `k^T` (`[K][C]`).
+/// The per-head form's work after [`Work`]: the masked `q k^T` and `k^T` (`[K][C]`, in f32, or
+/// with a bf16 dot product the raw bf16 q and k rows and `k^T` as pairs: see [`bf16_products`]).
 struct PerHead<'a> {
     qk: &'a mut [f32],
     kt: &'a mut [f32],
@@ -338,13 +344,13 @@ struct PerHead<'a> {
 
 impl<'a> PerHead<'a> {
     fn floats(kd: usize) -> usize {
-        C * C + kd * C
+        C * C + kd.div_ceil(2).max(1) * 3 * C
     }
 
     fn carve(mut rest: &'a mut [f32], kd: usize) -> PerHead<'a> {
         PerHead {
             qk: carve(&mut rest, C * C),
-            kt: carve(&mut rest, kd * C),
+            kt: carve(&mut rest, kd.div_ceil(2).max(1) * 3 * C),
         }
     }
 }
@@ -366,13 +372,20 @@ unsafe fn intra_per_head<S: Simd>(
     let (args, chunk, h) = (task.args, task.chunk, task.h);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
-    let Work { q, k, kk } = work;
+    let Work { q, k, kk, scales } = work;
     let PerHead { qk, kt } = PerHead::carve(rest, kd);
-    unsafe { transpose(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
+    if S::BF16_DOT && args.q.dtype == DType::BF16 && args.k.dtype == DType::BF16 {
+        unsafe { bf16_products::<S>(args, chunk, h, &scales, kt, kk, qk) };
+    } else {
+        unsafe { transpose(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
+    }
     // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
     // the band's end (about 60% of the full products).
     const BAND: usize = 16;
-    let mut r0 = 0;
+    let mut r0 = match S::BF16_DOT && args.q.dtype == DType::BF16 && args.k.dtype == DType::BF16 {
+        true => m,
+        false => 0,
+    };
     while r0 < m {
         let rows = BAND.min(m - r0);
         let cols = m.min(r0 + BAND);
@@ -447,6 +460,55 @@ unsafe fn intra_per_head<S: Simd>(
             std::slice::from_raw_parts_mut(hs.elast, kp).fill(eg[m - 1]);
             store_y::<S>(args, chunk, hv, &hs, &beta[..m]);
             each(j, &hs);
+        }
+    }
+}
+
+/// `k k^T` and `q k^T` of the chunk (`m x m`, row stride `C`) from the raw bf16 rows with
+/// [`gemm_bf16_pairs`], each product then scaled by the factors that normalised its two rows
+/// (`scales`): the same numbers as the f32 products of the normalised rows, within their
+/// roundings. `work` holds `3 * C` rows of `K / 2` pairs: q's and k's rows, then `k^T`.
+///
+/// # Safety
+/// As for [`intra`]; `S::BF16_DOT`, q and k bf16.
+#[inline(always)]
+unsafe fn bf16_products<S: Simd>(
+    args: &DeltaRule,
+    chunk: Chunk,
+    h: usize,
+    scales: &[(f32, f32); C],
+    work: &mut [f32],
+    kk: &mut [f32],
+    qk: &mut [f32],
+) {
+    let (kd, m) = (args.k_dim, chunk.len);
+    let pairs = kd.div_ceil(2);
+    let base: *mut u32 = work.as_mut_ptr().cast();
+    let (q_pairs, k_pairs, kt_pairs) = (
+        base,
+        base.wrapping_add(C * pairs),
+        base.wrapping_add(2 * C * pairs),
+    );
+    unsafe {
+        for i in 0..m {
+            let t = chunk.start + i;
+            let q_row = (args.q.at(&[t, h]).cast(), (0, args.q.strides[2]));
+            let k_row = (args.k.at(&[t, h]).cast(), (0, args.k.strides[2]));
+            pack_bf16_pairs(q_row.0, q_row.1, 1, kd, q_pairs.add(i * pairs), pairs);
+            pack_bf16_pairs(k_row.0, k_row.1, 1, kd, k_pairs.add(i * pairs), pairs);
+            pack_bf16_pairs_transposed(k_row.0, k_row.1, 1, kd, kt_pairs.add(i), C);
+        }
+        // Columns from m to C read pairs no token wrote: their products are never used.
+        for (rows, dst) in [(k_pairs, &mut *kk), (q_pairs, &mut *qk)] {
+            let c = dst.as_mut_ptr();
+            gemm_bf16_pairs::<S>(m, m, pairs, (rows, pairs), (kt_pairs, C), c, C, Start::Zero);
+        }
+    }
+    for i in 0..m {
+        let (qs, ks) = scales[i];
+        for j in 0..m {
+            kk[i * C + j] *= ks * scales[j].1;
+            qk[i * C + j] *= qs * scales[j].1;
         }
     }
 }
@@ -747,7 +809,7 @@ unsafe fn intra_per_channel<S: Simd>(
     let (args, chunk) = (task.args, task.chunk);
     let (kd, m) = (args.k_dim, chunk.len);
     let kp = padded_k(kd);
-    let Work { q, k, kk } = work;
+    let Work { q, k, kk, .. } = work;
     let PerChannel { a, pair, run } = PerChannel::carve(rest, kp);
     let (a0, a1) = a.split_at_mut(C * kp);
     let (kk1, qk1) = pair.split_at_mut(C * C);

@@ -111,7 +111,8 @@ impl DeltaRule {
         }
     }
 
-    /// Loads q (normalised, times `scale`) and k (normalised) of `token` and head `h` as f32.
+    /// Loads q (normalised, times `scale`) and k (normalised) of `token` and head `h` as f32, and
+    /// returns the factors applied to the raw rows, `(q, k)`.
     ///
     /// # Safety
     /// `token < T`, `h < H`, `q_row.len() == k_row.len() == K`.
@@ -122,7 +123,7 @@ impl DeltaRule {
         h: usize,
         q_row: &mut [f32],
         k_row: &mut [f32],
-    ) {
+    ) -> (f32, f32) {
         self.prefetch_qk(token + PREFETCH_TOKENS, h);
         unsafe {
             load_row_simd::<S>(
@@ -151,6 +152,7 @@ impl DeltaRule {
                 scale_in_place::<S>(k_row, k_scale);
             }
         }
+        (q_scale, k_scale)
     }
 
     /// Prefetches the q/k rows of `token` for head `h`, if in range.

@@ -16,7 +16,9 @@ use super::{CHUNK, Scan};
 use crate::dtype::DType;
 use crate::kernels::chunking::{Chunk, TaskBuffer};
 use crate::kernels::gdn::gating::softplus_v;
-use crate::kernels::gemm::{MatA, Start, gemm};
+use crate::kernels::gemm::{
+    MatA, Start, gemm, gemm_bf16_pairs, pack_bf16_pairs, pack_bf16_pairs_transposed,
+};
 use crate::kernels::simd::{Simd, clamped_exp, exp_into, load_row_simd, store_row_simd, transpose};
 use crate::kernels::strided::{load_row, prefetch_l2, read_f32};
 use crate::kernels::{Sequence, StateWrite};
@@ -80,16 +82,57 @@ pub unsafe fn intra<S: Simd>(
                 *bt.add(n * L + i) = v;
             }
         }
-        let c_rows = MatA {
-            ptr: cf,
-            row_stride: nd,
-            col_stride: 1,
-        };
-        gemm::<S>(m, m, nd, c_rows, bt, L, cb, L, Start::Zero, false);
+        if S::BF16_DOT && args.b.dtype == DType::BF16 && args.c.dtype == DType::BF16 {
+            // Both operands are bf16 inputs: the CPU's bf16 dot product, on the raw values.
+            bf16_c_bt::<S>(args, chunk, g, cb);
+        } else {
+            let c_rows = MatA {
+                ptr: cf,
+                row_stride: nd,
+                col_stride: 1,
+            };
+            gemm::<S>(m, m, nd, c_rows, bt, L, cb, L, Start::Zero, false);
+        }
         // Pass 2 reads rows in whole vectors: the columns past a short chunk must be numbers.
         for i in 0..m {
             std::slice::from_raw_parts_mut(cb.add(i * L + m), L - m).fill(0.0);
         }
+    }
+}
+
+/// `C B^T` of the chunk's bf16 C and B rows with [`gemm_bf16_pairs`] (the whole `L x L` block
+/// rows `0..m`; its columns from `m` on are not numbers the caller keeps).
+///
+/// # Safety
+/// As for [`intra`]; `S::BF16_DOT`, C and B bf16; `cb` holds `L x L` floats.
+#[inline(always)]
+unsafe fn bf16_c_bt<S: Simd>(args: &Scan, chunk: Chunk, g: usize, cb: *mut f32) {
+    let pairs = args.state_dim.div_ceil(2);
+    // Every packed pair the product reads is written below but B's columns past the chunk,
+    // whose products land in columns the caller zeroes.
+    let mut buf = TaskBuffer::take_reused(2 * L * pairs);
+    let (c_pairs, bt_pairs) = buf.split_at_mut(L * pairs);
+    let (c_pairs, bt_pairs): (*mut u32, *mut u32) =
+        (c_pairs.as_mut_ptr().cast(), bt_pairs.as_mut_ptr().cast());
+    let (nd, m) = (args.state_dim, chunk.len);
+    unsafe {
+        for i in 0..m {
+            let t = chunk.start + i;
+            let c_row = (args.c.at(&[t, g]).cast(), (0, args.c.strides[2]));
+            pack_bf16_pairs(c_row.0, c_row.1, 1, nd, c_pairs.add(i * pairs), pairs);
+            let b_row = (args.b.at(&[t, g]).cast(), (0, args.b.strides[2]));
+            pack_bf16_pairs_transposed(b_row.0, b_row.1, 1, nd, bt_pairs.add(i), L);
+        }
+        gemm_bf16_pairs::<S>(
+            m,
+            m,
+            pairs,
+            (c_pairs, pairs),
+            (bt_pairs, L),
+            cb,
+            L,
+            Start::Zero,
+        );
     }
 }
 

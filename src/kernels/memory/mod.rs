@@ -34,7 +34,7 @@ pub type ZeroFn = unsafe fn(dst: *mut u8, len: usize);
 pub fn zero_fn(isa: Isa) -> ZeroFn {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::zero_stream_avx512,
+        Isa::Avx512 | Isa::Avx512Bf16 => x86::zero_stream_avx512,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::zero_stream_avx2,
         #[cfg(target_arch = "aarch64")]

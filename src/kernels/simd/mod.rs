@@ -27,7 +27,20 @@ pub trait Simd: Copy + Send + Sync + 'static {
     const FEW_VECTORS: bool = Self::VECTORS_IN_REGISTERS < 16;
     /// 32 vectors or more fit the registers (AVX-512); see [`Simd::FEW_VECTORS`].
     const MANY_VECTORS: bool = Self::VECTORS_IN_REGISTERS >= 32;
+    /// The CPU has [`Simd::dot_bf16_pairs`] (AVX512_BF16). Branch on this constant.
+    const BF16_DOT: bool = false;
     type V: Copy;
+
+    /// `acc + a_even * b_even + a_odd * b_odd` per f32 lane, where `a` and `b` hold a pair of
+    /// bf16 values in each 32-bit lane (the lower half even): AVX512_BF16's `vdpbf16ps`, whose
+    /// products are exact and whose two additions round to nearest even, with bf16 denormal
+    /// inputs and f32 denormal results as zero. Only called where [`Simd::BF16_DOT`] holds.
+    #[inline(always)]
+    unsafe fn dot_bf16_pairs(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        let _ = (a, b);
+        debug_assert!(Self::BF16_DOT, "dot_bf16_pairs on a level without it");
+        acc
+    }
 
     unsafe fn splat(x: f32) -> Self::V;
     unsafe fn zero() -> Self::V;
@@ -399,7 +412,7 @@ mod x86;
 #[cfg(target_arch = "aarch64")]
 pub use aarch64::Neon;
 #[cfg(target_arch = "x86_64")]
-pub use x86::{Avx2, Avx2Pairs, Avx512};
+pub use x86::{Avx2, Avx2Pairs, Avx512, Avx512Bf16, Avx512Of};
 
 /// Rows and columns of the register-transposed blocks of [`transpose`].
 #[cfg(target_arch = "x86_64")]

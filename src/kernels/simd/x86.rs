@@ -7,6 +7,7 @@
 
 use super::Simd;
 use std::arch::x86_64::*;
+use std::mem::transmute;
 
 /// AVX2 + FMA + F16C, 8 lanes.
 #[derive(Clone, Copy, Debug)]
@@ -55,9 +56,17 @@ unsafe fn pow2i(n: __m256) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<23>(i))
 }
 
-/// AVX-512 F/BW/VL/DQ, 16 lanes.
+/// AVX-512 F/BW/VL/DQ, 16 lanes; with `BF16_DOT`, also AVX512_BF16's pair dot product
+/// ([`Simd::dot_bf16_pairs`]). One type for both, so the bf16 level is the AVX-512 kernels
+/// instantiated once more, not a copy of them.
 #[derive(Clone, Copy, Debug)]
-pub struct Avx512;
+pub struct Avx512Of<const BF16_DOT: bool>;
+
+/// AVX-512 F/BW/VL/DQ, 16 lanes.
+pub type Avx512 = Avx512Of<false>;
+
+/// [`Avx512`] with AVX512_BF16 (`vdpbf16ps`).
+pub type Avx512Bf16 = Avx512Of<true>;
 
 /// f32 lanes whose high halves are the lanes rounded to nearest-even bf16 (NaNs quieted).
 #[inline(always)]
@@ -382,10 +391,23 @@ unsafe fn bf16_high_halves_512(v: __m512) -> __m512i {
     _mm512_mask_blend_epi32(nan, rounded, quiet)
 }
 
-impl Simd for Avx512 {
+impl<const BF16_DOT: bool> Simd for Avx512Of<BF16_DOT> {
     const VECTORS_IN_REGISTERS: usize = 32;
     const LANES: usize = 16;
+    const BF16_DOT: bool = BF16_DOT;
     type V = __m512;
+
+    #[inline(always)]
+    unsafe fn dot_bf16_pairs(acc: __m512, a: __m512, b: __m512) -> __m512 {
+        debug_assert!(BF16_DOT);
+        unsafe {
+            _mm512_dpbf16_ps(
+                acc,
+                transmute::<__m512, __m512bh>(a),
+                transmute::<__m512, __m512bh>(b),
+            )
+        }
+    }
 
     #[inline(always)]
     unsafe fn splat(x: f32) -> __m512 {

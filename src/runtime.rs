@@ -61,16 +61,30 @@ impl Isa {
         *DETECTED.get_or_init(detect)
     }
 
-    /// What the kernels use: the detected level, lowered (never raised) by `SSMK_MAX_ISA`. A level
-    /// of another architecture lowers it to the portable code. Frozen at first use, so one
-    /// process never mixes levels.
+    /// The level that runs by default: the detected one, except that a CPU whose bf16 dot
+    /// product is not faster than its f32 FMA runs [`Isa::Avx512`] (see [`bf16_dot_is_fast`]).
+    pub fn preferred() -> Isa {
+        match Isa::detected() {
+            Isa::Avx512Bf16 if !bf16_dot_is_fast() => Isa::Avx512,
+            isa => isa,
+        }
+    }
+
+    /// What the kernels use: [`Isa::preferred`], or the level `SSMK_MAX_ISA` names capped at
+    /// what the CPU runs (so `avx512_bf16` selects that level where the CPU has it, and a lower
+    /// name lowers it). A level of another architecture lowers it to the portable code. Frozen at
+    /// first use, so one process never mixes levels.
     pub fn active() -> Isa {
         static ACTIVE: OnceLock<Isa> = OnceLock::new();
         *ACTIVE.get_or_init(|| {
             let cap = std::env::var("SSMK_MAX_ISA")
                 .ok()
                 .and_then(|s| Isa::parse(&s));
-            cap.map_or(Isa::detected(), |c| c.for_this_cpu())
+            match cap {
+                Some(Isa::Avx512Bf16) => Isa::Avx512Bf16.for_this_cpu(),
+                Some(cap) => cap.for_this_cpu().min(Isa::preferred()),
+                None => Isa::preferred(),
+            }
         })
     }
 
@@ -110,7 +124,7 @@ impl Isa {
                     panic!("SSMK_TEST_ISA = {name:?}, expected scalar, avx2, avx512, avx512_bf16 or neon")
                 });
                 assert!(
-                    wanted.for_this_cpu() == wanted && wanted <= Isa::active(),
+                    wanted.for_this_cpu() == wanted,
                     "SSMK_TEST_ISA = {name}, but this CPU runs {} (detected {})",
                     Isa::active().name(),
                     Isa::detected().name()
@@ -172,6 +186,27 @@ fn detect() -> Isa {
     } else {
         Isa::Scalar
     }
+}
+
+/// Whether `vdpbf16ps` sums more products per cycle than f32 FMA: on AMD (Zen 4: one 512-bit
+/// dot product a cycle, as many as 512-bit FMAs, each with twice the products; Zen 5 alike). On
+/// Intel without AMX tiles it is not: a Xeon (family 6 model 167 under KVM) ran 0.5 `vdpbf16ps`
+/// a cycle against 2 FMAs (`ssmk-bench`'s `bf16_dot_peak_gflops_1t` 103 against an f32 FMA peak
+/// of 208), and the chunked scan's prefill took 4% longer with it. Decided by the vendor, not by
+/// timing, so a process's results never depend on the load of the moment.
+#[cfg(target_arch = "x86_64")]
+fn bf16_dot_is_fast() -> bool {
+    let id = std::arch::x86_64::__cpuid(0);
+    let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    vendor == b"AuthenticAMD"
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn bf16_dot_is_fast() -> bool {
+    false
 }
 
 #[cfg(target_arch = "aarch64")]

@@ -1198,10 +1198,17 @@ fn every_isa_case(dims: (usize, usize), state: DType, kda: bool) {
     }
 }
 
-/// `ssmk_gdn_gating` against f64 math. Gating has one portable implementation; the name puts it
-/// in the AVX-512 emulation lane too, which runs it on an AVX-512 CPU.
+/// `ssmk_gdn_gating` against f64 math. Gating has one portable implementation, run here under
+/// every level of [`Isa::under_test`] (so the AVX-512 emulation lane and CI's check of which
+/// levels `cargo test` ran count it like the others).
 #[test]
 fn every_isa_gating_matches_reference() {
+    for isa in Isa::under_test() {
+        ssmk::runtime::with_isa(isa, gating_matches_reference);
+    }
+}
+
+fn gating_matches_reference() {
     for (n, hv, beta_dtype, sp_beta, threshold) in [
         (1, 4, DType::BF16, 1.0f32, 20.0f32),
         (9, 8, DType::F32, 1.0, 20.0),

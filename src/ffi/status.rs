@@ -73,8 +73,10 @@ pub extern "C" fn ssmk_version() -> *const c_char {
 
 /// Instruction set the kernels use: "scalar", "avx2" (AVX2 + FMA + F16C), "avx512" or
 /// "avx512_bf16" (AVX-512 with AVX512_BF16's bf16 dot product, used for the products of two bf16
-/// inputs) on x86-64, "scalar" or "neon" on aarch64. Detected once per process; the environment
-/// variable `SSMK_MAX_ISA=scalar|avx2|avx512|avx512_bf16|neon` read at that moment may lower it, never raise it (a
+/// inputs; by default only on AMD, where it outruns f32 FMA) on x86-64, "scalar" or "neon" on
+/// aarch64. Detected once per process; the environment variable
+/// `SSMK_MAX_ISA=scalar|avx2|avx512|avx512_bf16|neon` read at that moment selects
+/// `avx512_bf16` where the CPU has it, and otherwise may lower the level, never raise it (a
 /// level of another architecture lowers it to "scalar").
 ///
 /// @return a static NUL-terminated string, never NULL. Thread-safe.

@@ -38,7 +38,29 @@ if _threads_arg is None and "--threads" in sys.argv[:-1]:
     _threads_arg = sys.argv[sys.argv.index("--threads") + 1]
 os.environ.setdefault("OMP_NUM_THREADS", str(max(int(t) for t in (_threads_arg or "1").split(","))))
 
+
+def keep_malloc_warm():
+    """Serves every allocation from glibc's heap and never gives freed memory back, as a serving
+    process in its steady state has it: otherwise each large output (the 32 MiB of a conv
+    prefill) is a fresh mmap whose page faults cost more than the kernel that fills it, on both
+    sides of a row alike."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_max = -1, -4
+    libc.mallopt(m_mmap_max, 0)
+    libc.mallopt(m_trim_threshold, 2**31 - 1)
+
+
+keep_malloc_warm()
+
 import torch  # noqa: E402
+
+# vLLM runs its models without autograd (inference mode), where ssmk's ops skip torch's
+# dispatcher (25-95 us a call, more than a one-token kernel takes): the rows time that.
+torch.set_grad_enabled(False)
 
 # The package's source, cbindings/python.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -397,6 +397,48 @@ unsafe fn fma_loop_avx512(iters: usize) -> f32 {
     unsafe { fma_loop::<ssmk::kernels::simd::Avx512>(iters) }
 }
 
+/// Same-run single-thread peak (GFLOP/s) of the bf16 dot product (`vdpbf16ps`: two products and
+/// two sums per f32 lane) where the CPU has it (`Isa::Avx512Bf16`), else `None`: the peak of
+/// the products the `avx512_bf16` level takes to it, and why a CPU prefers it or not (a median,
+/// as [`fma_peak_gflops`]).
+pub fn bf16_dot_peak_gflops(cfg: &Config) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if ssmk::runtime::Isa::detected() == ssmk::runtime::Isa::Avx512Bf16 {
+        const ITERS: usize = 1 << 20;
+        let once = || {
+            let t = Instant::now();
+            std::hint::black_box(unsafe { bf16_dot_loop(std::hint::black_box(ITERS)) });
+            (ITERS * FMA_CHAINS * 16 * 4) as f64 / t.elapsed().as_secs_f64() / 1e9
+        };
+        return Some(median((0..cfg.samples().0).map(|_| once()).collect()));
+    }
+    let _ = cfg;
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
+unsafe fn bf16_dot_loop(iters: usize) -> f32 {
+    use ssmk::kernels::simd::{Avx512Bf16, Simd};
+    use std::hint::black_box;
+    unsafe {
+        // Pairs of bf16 1.0 and ~1e-7: the sums grow slowly and stay normal.
+        let a = Avx512Bf16::splat(f32::from_bits(black_box(0x3f80_3f80)));
+        let b = Avx512Bf16::splat(f32::from_bits(black_box(0x33d6_33d6)));
+        let mut acc: [<Avx512Bf16 as Simd>::V; FMA_CHAINS] =
+            std::array::from_fn(|i| Avx512Bf16::splat(i as f32));
+        for _ in 0..iters {
+            for v in acc.iter_mut() {
+                *v = Avx512Bf16::dot_bf16_pairs(*v, a, b);
+            }
+        }
+        Avx512Bf16::reduce_sum(
+            acc.into_iter()
+                .fold(Avx512Bf16::zero(), |s, v| Avx512Bf16::add(s, v)),
+        )
+    }
+}
+
 #[cfg(target_arch = "aarch64")]
 #[target_feature(enable = "neon")]
 unsafe fn fma_loop_neon(iters: usize) -> f32 {

@@ -105,6 +105,9 @@ fn main() {
         "fma_peak_gflops_1t",
         format!("{:.1}", report.fma_peak_gflops),
     );
+    if let Some(peak) = harness::bf16_dot_peak_gflops(&cfg) {
+        report.fact("bf16_dot_peak_gflops_1t", format!("{peak:.1}"));
+    }
     if cfg.simulating() {
         report.hand_off_seconds = simulate::hand_off_seconds(&cfg);
         report.fact(

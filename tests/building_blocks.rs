@@ -222,6 +222,55 @@ mod vector_types {
         body()
     }
 
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
+    unsafe fn with_avx512_bf16<R>(body: impl FnOnce() -> R) -> R {
+        body()
+    }
+
+    /// `dot_bf16_pairs` lane by lane against exact f64 sums of pairs of bf16 (the products of
+    /// two bf16 are exact; the two sums round once each, so within 2 ulps of the f32 sum),
+    /// including the denormal inputs it reads as zero.
+    #[cfg(target_arch = "x86_64")]
+    fn check_bf16_dot<S: Simd>() {
+        let lanes = S::LANES;
+        let bits = |i: usize, salt: usize| {
+            let x = bf16::from_f32(((i * 7919 + salt * 104_729) % 199) as f32 / 17.0 - 5.8);
+            x.to_bits()
+        };
+        let pair = |i: usize, salt: usize| {
+            u32::from(bits(2 * i, salt)) | u32::from(bits(2 * i + 1, salt)) << 16
+        };
+        let a: Vec<u32> = (0..lanes).map(|i| pair(i, 1)).collect();
+        let mut b: Vec<u32> = (0..lanes).map(|i| pair(i, 2)).collect();
+        b[0] = 0x0001_3f80; // odd half 1.0, even half the smallest bf16 denormal: read as zero
+        let acc: Vec<f32> = (0..lanes).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let mut got = vec![0f32; lanes];
+        unsafe {
+            let v = S::dot_bf16_pairs(
+                S::load_f32(acc.as_ptr()),
+                S::load_f32(a.as_ptr().cast()),
+                S::load_f32(b.as_ptr().cast()),
+            );
+            S::store_f32(got.as_mut_ptr(), v);
+        }
+        let half = |p: u32, odd: bool| {
+            let x = f32::from_bits(if odd { p >> 16 } else { p & 0xffff } << 16);
+            if x.is_subnormal() { 0.0 } else { f64::from(x) }
+        };
+        for l in 0..lanes {
+            let want = f64::from(acc[l])
+                + half(a[l], true) * half(b[l], true)
+                + half(a[l], false) * half(b[l], false);
+            let tol = 2.0 * f64::from(f32::EPSILON) * (want.abs() + 8.0);
+            assert!(
+                (f64::from(got[l]) - want).abs() <= tol,
+                "lane {l}: {} vs {want}",
+                got[l]
+            );
+        }
+    }
+
     /// `e^x` of one vector type over `[-90, 90]` and the clamp edges, as bits.
     #[cfg(target_arch = "x86_64")]
     fn exp_bits<S: Simd>() -> Vec<u32> {
@@ -270,6 +319,11 @@ mod vector_types {
                 },
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => unsafe { with_avx512(check_vector_type::<Avx512>) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Bf16 => unsafe {
+                    with_avx512_bf16(check_vector_type::<Avx512Bf16>);
+                    with_avx512_bf16(check_bf16_dot::<Avx512Bf16>);
+                },
                 #[cfg(target_arch = "aarch64")]
                 Isa::Neon => unsafe { with_neon(check_vector_type::<Neon>) },
                 #[allow(unreachable_patterns)]
@@ -284,7 +338,7 @@ mod gemm {
     #[cfg(target_arch = "aarch64")]
     use ssmk::kernels::simd::Neon;
     #[cfg(target_arch = "x86_64")]
-    use ssmk::kernels::simd::{Avx2, Avx512};
+    use ssmk::kernels::simd::{Avx2, Avx512, Avx512Bf16};
     use ssmk::runtime::Isa;
 
     type GemmFn =
@@ -320,6 +374,108 @@ mod gemm {
     );
     #[cfg(target_arch = "aarch64")]
     gemm_for!(gemm_neon, Neon, "neon");
+    #[cfg(target_arch = "x86_64")]
+    gemm_for!(
+        gemm_avx512_bf16,
+        Avx512Bf16,
+        "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c"
+    );
+
+    /// `C = start + A B^T` of bf16 rows `a [m][p]`, `b [n][p]` (element strides `(row, col)`)
+    /// through the packing and [`ssmk::kernels::gemm::gemm_bf16_pairs`] of AVX512_BF16.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_bf16_rows(
+        (m, n, p): (usize, usize, usize),
+        a: (*const u16, (usize, usize)),
+        b: (*const u16, (usize, usize)),
+        c: *mut f32,
+        ldc: usize,
+        start: Start,
+    ) {
+        use ssmk::kernels::gemm::{gemm_bf16_pairs, pack_bf16_pairs, pack_bf16_pairs_transposed};
+        let pairs = p.div_ceil(2);
+        let ldb = n.next_multiple_of(16);
+        let mut a_pairs = vec![0u32; m * pairs];
+        // The columns past n are computed too: B holds numbers there.
+        let mut bt_pairs = vec![0u32; pairs * ldb];
+        unsafe {
+            pack_bf16_pairs(a.0, a.1, m, p, a_pairs.as_mut_ptr(), pairs);
+            pack_bf16_pairs_transposed(b.0, b.1, n, p, bt_pairs.as_mut_ptr(), ldb);
+            gemm_bf16_pairs::<Avx512Bf16>(
+                m,
+                n,
+                pairs,
+                (a_pairs.as_ptr(), pairs),
+                (bt_pairs.as_ptr(), ldb),
+                c,
+                ldc,
+                start,
+            );
+        }
+    }
+
+    /// The bf16 pair GEMM and its packing (odd and even sums, strided and transposed rows,
+    /// column remainders computed as whole vectors) against f64 sums of the same bf16 values.
+    #[cfg(target_arch = "x86_64")]
+    fn check_bf16_pairs_against_naive() {
+        use half::bf16;
+        for &(m, n, p) in &[
+            (16, 16, 128),
+            (64, 64, 128),
+            (13, 37, 9),
+            (6, 1, 1),
+            (9, 83, 17),
+            (1, 130, 64),
+        ] {
+            for (strided, start) in [(false, Start::Zero), (true, Start::C)] {
+                let val = |i: usize, salt: usize| {
+                    bf16::from_f32(((i * 7919 + salt) % 97) as f32 / 97.0 - 0.5).to_bits()
+                };
+                // Strided: element (i, l) at i + l * rows (column-major), as a transposed view.
+                let (a, a_strides) = match strided {
+                    false => ((0..m * p).map(|i| val(i, 3)).collect::<Vec<_>>(), (p, 1)),
+                    true => ((0..m * p).map(|i| val(i, 3)).collect(), (1, m)),
+                };
+                let (b, b_strides) = ((0..n * p).map(|i| val(i, 11)).collect::<Vec<_>>(), (p, 1));
+                let ldc = n.next_multiple_of(16);
+                let c0: Vec<f32> = (0..m * ldc).map(|i| (i % 5) as f32).collect();
+                let mut c = c0.clone();
+                unsafe {
+                    gemm_bf16_rows(
+                        (m, n, p),
+                        (a.as_ptr(), a_strides),
+                        (b.as_ptr(), b_strides),
+                        c.as_mut_ptr(),
+                        ldc,
+                        start,
+                    )
+                };
+                let f = |x: u16| f64::from(bf16::from_bits(x).to_f32());
+                for i in 0..m {
+                    for j in 0..n {
+                        let dot: f64 = (0..p)
+                            .map(|l| {
+                                f(a[i * a_strides.0 + l * a_strides.1]) * f(b[j * b_strides.0 + l])
+                            })
+                            .sum();
+                        let want = dot
+                            + if let Start::C = start {
+                                f64::from(c0[i * ldc + j])
+                            } else {
+                                0.0
+                            };
+                        let got = f64::from(c[i * ldc + j]);
+                        assert!(
+                            (got - want).abs() < 1e-5 * (p as f64 + 4.0),
+                            "{m}x{n}x{p} strided {strided}: [{i}][{j}] {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// Every shape class (full tiles, row/column remainders, transposed A, lower A, each start of
     /// C) against a plain triple loop.
@@ -332,6 +488,11 @@ mod gemm {
                 Isa::Avx2 => check_against_naive(gemm_avx2),
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => check_against_naive(gemm_avx512),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Bf16 => {
+                    check_against_naive(gemm_avx512_bf16);
+                    check_bf16_pairs_against_naive();
+                }
                 #[cfg(target_arch = "aarch64")]
                 Isa::Neon => check_against_naive(gemm_neon),
                 #[allow(unreachable_patterns)]

@@ -9,6 +9,8 @@ The rows of vLLM's CPU GDN layer (``gdn_attention.py``), Qwen3-Next / Qwen3.5 he
 * decode B = 64 (and B = 1): ``torch.ops._C.fused_sigmoid_gating_delta_rule_update_cpu`` (gates
   fused) against ``ssmk.torch.gdn_gating`` + ``gated_delta_rule``, beside a same-run in-place
   read-modify-write pass over the same state bytes (the bound of an in-place update);
+* KDA (Kimi Linear heads), which vLLM has no CPU op for: prefill 1x512 and decode B = 64 against
+  the torch forms transformers runs (its "vLLM" column is that peer);
 
 outputs and final states compared (max abs difference), then timed: best of ``--reps`` rounds,
 the contenders in turn, each timed call after an untimed one (see ``vllm_mamba2.best_ms``), for
@@ -103,6 +105,50 @@ def decode_row(batch, threads, reps, seed):
     return times, diffs, times["rmw"]
 
 
+def kda_row(lens, threads, reps, seed):
+    """KDA (Kimi Linear: H = HV = 32, per-channel log-decay g [T,HV,K] f32), where vLLM has no CPU
+    op: against the torch forms transformers runs on CPU (``chunk_kimi_delta_attention``, chunks
+    of 64, for a prefill; ``recurrent_kimi_delta_attention`` for a decode of one token per
+    sequence), q/k l2-normalised in the kernel, from existing states."""
+    from transformers.models.kimi_linear import modeling_kimi_linear as kimi
+    g_ = torch.Generator().manual_seed(seed)
+    T, n, heads = sum(lens), len(lens), 32
+    r = lambda *s, scale=1.0: torch.randn(*s, generator=g_) * scale
+    q, k, v = r(T, heads, D).bfloat16(), r(T, heads, D).bfloat16(), r(T, heads, D, scale=0.5).bfloat16()
+    g = -torch.rand(T, heads, D, generator=g_) * 0.1 - 1e-3
+    beta = torch.rand(T, heads, generator=g_).bfloat16()
+    pool0 = r(n, heads, D, D, scale=0.05)
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(n)], dtype=torch.int32)
+    idx, has = torch.arange(n, dtype=torch.int32), torch.ones(n, dtype=torch.bool)
+    pools = {"vllm": pool0.clone(), "ssmk": pool0.clone()}
+    decode = T == n
+
+    def torch_form():
+        if decode:  # one token per sequence: batch of n
+            out, state = kimi.recurrent_kimi_delta_attention(
+                q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], pools["vllm"], True,
+                use_qk_l2norm_in_kernel=True)
+        else:
+            out, state = kimi.chunk_kimi_delta_attention(
+                q[None], k[None], v[None], g[None], beta[None], initial_state=pools["vllm"],
+                output_final_state=True, use_qk_l2norm_in_kernel=True)
+        pools["vllm"].copy_(state)
+        return out.reshape(T, heads, D)
+
+    def ssmk_():
+        return st.gated_delta_rule(q, k, v, g, beta, None, pools["ssmk"], cu, idx, has,
+                                   qk_l2norm=True, num_threads=threads)
+
+    o_t, o_s = torch_form(), ssmk_()
+    diffs = (max_diff(o_s, o_t), max_diff(pools["ssmk"], pools["vllm"]))
+    fns = {"vllm": torch_form, "ssmk": ssmk_}
+    if decode:
+        live = pool0.clone()
+        fns["rmw"] = lambda: live.mul_(0.999)
+    times = best_ms(fns, reps)
+    return times, diffs, times.get("rmw")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vllm-lib", default="avx2")
@@ -119,7 +165,9 @@ def main():
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         rows = [("GDN prefill 1x2048", prefill_row, [2048]), ("GDN prefill 4x512", prefill_row, [512] * 4),
-                ("GDN decode B=64", decode_row, 64), ("GDN decode B=1", decode_row, 1)]
+                ("GDN decode B=64", decode_row, 64), ("GDN decode B=1", decode_row, 1),
+                ("KDA prefill 1x512 (peer: transformers' torch chunked form)", kda_row, [512]),
+                ("KDA decode B=64 (peer: transformers' torch recurrence)", kda_row, [1] * 64)]
         for i, (name, fn, shape) in enumerate(rows):
             times, diffs, bound = fn(shape, threads, args.reps, seed=i)
             print(table_row(name, threads, times, diffs, bound), flush=True)

@@ -37,6 +37,9 @@ _threads_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--thr
 if _threads_arg is None and "--threads" in sys.argv[:-1]:
     _threads_arg = sys.argv[sys.argv.index("--threads") + 1]
 os.environ.setdefault("OMP_NUM_THREADS", str(max(int(t) for t in (_threads_arg or "1").split(","))))
+# ssmk's calls run on torch's OpenMP team, as the vLLM plugin runs them (SSMK_POOL=ssmk: a pool of
+# its own).
+os.environ.setdefault("SSMK_POOL", "openmp")
 
 
 def keep_malloc_warm():

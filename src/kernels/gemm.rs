@@ -277,23 +277,13 @@ unsafe fn scalar_columns(
 /// Every addressed source element and `dst[i * ld + l]` for `i < rows`, `l < len.div_ceil(2)`.
 pub unsafe fn pack_bf16_pairs(
     src: *const u16,
-    (row_stride, col_stride): (usize, usize),
+    strides: (usize, usize),
     rows: usize,
     len: usize,
     dst: *mut u32,
     ld: usize,
 ) {
-    for i in 0..rows {
-        for l in 0..len.div_ceil(2) {
-            unsafe {
-                let at = |e: usize| match e < len {
-                    true => u32::from(*src.add(i * row_stride + e * col_stride)),
-                    false => 0,
-                };
-                *dst.add(i * ld + l) = at(2 * l) | at(2 * l + 1) << 16;
-            }
-        }
-    }
+    unsafe { pack_pairs(src, strides, (rows, len), dst, (ld, 1)) }
 }
 
 /// Packs the transpose of rows of bf16 (as [`pack_bf16_pairs`] reads them) for the `B` operand
@@ -310,14 +300,26 @@ pub unsafe fn pack_bf16_pairs_transposed(
     dst: *mut u32,
     ld: usize,
 ) {
+    unsafe { pack_pairs(src, strides, (rows, len), dst, (1, ld)) }
+}
+
+/// Pair `l / 2` of row `i` to `dst[i * steps.0 + (l / 2) * steps.1]`.
+#[inline(always)]
+unsafe fn pack_pairs(
+    src: *const u16,
+    (row_stride, col_stride): (usize, usize),
+    (rows, len): (usize, usize),
+    dst: *mut u32,
+    steps: (usize, usize),
+) {
     for i in 0..rows {
         for l in 0..len.div_ceil(2) {
             unsafe {
                 let at = |e: usize| match e < len {
-                    true => u32::from(*src.add(i * strides.0 + e * strides.1)),
+                    true => u32::from(*src.add(i * row_stride + e * col_stride)),
                     false => 0,
                 };
-                *dst.add(l * ld + i) = at(2 * l) | at(2 * l + 1) << 16;
+                *dst.add(i * steps.0 + l * steps.1) = at(2 * l) | at(2 * l + 1) << 16;
             }
         }
     }

@@ -62,7 +62,7 @@ impl Isa {
     }
 
     /// The level that runs by default: the detected one, except that a CPU whose bf16 dot
-    /// product is not faster than its f32 FMA runs [`Isa::Avx512`] (see [`bf16_dot_is_fast`]).
+    /// product is not faster than its f32 FMA runs [`Isa::Avx512`] (see `bf16_dot_is_fast`).
     pub fn preferred() -> Isa {
         match Isa::detected() {
             Isa::Avx512Bf16 if !bf16_dot_is_fast() => Isa::Avx512,

@@ -34,7 +34,8 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// `acc + a_even * b_even + a_odd * b_odd` per f32 lane, where `a` and `b` hold a pair of
     /// bf16 values in each 32-bit lane (the lower half even): AVX512_BF16's `vdpbf16ps`, whose
     /// products are exact and whose two additions round to nearest even, with bf16 denormal
-    /// inputs and f32 denormal results as zero. Only called where [`Simd::BF16_DOT`] holds.
+    /// inputs and f32 denormal results as zero. Only called where [`Simd::BF16_DOT`] holds: the
+    /// default, for the levels without it, exists so that generic code compiles for them.
     #[inline(always)]
     unsafe fn dot_bf16_pairs(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
         let _ = (a, b);

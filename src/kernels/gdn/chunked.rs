@@ -374,18 +374,15 @@ unsafe fn intra_per_head<S: Simd>(
     let kp = padded_k(kd);
     let Work { q, k, kk, scales } = work;
     let PerHead { qk, kt } = PerHead::carve(rest, kd);
-    if S::BF16_DOT && args.q.dtype == DType::BF16 && args.k.dtype == DType::BF16 {
-        unsafe { bf16_products::<S>(args, chunk, h, &scales, kt, kk, qk) };
-    } else {
-        unsafe { transpose(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) };
+    let bf16_dot = S::BF16_DOT && args.q.dtype == DType::BF16 && args.k.dtype == DType::BF16;
+    match bf16_dot {
+        true => unsafe { bf16_products::<S>(args, chunk, h, &scales, kt, kk, qk) },
+        false => unsafe { transpose(k.as_ptr(), kp, kt.as_mut_ptr(), C, m, kd) },
     }
     // Only the lower triangles of k k^T and q k^T are used: per band of 16 rows, columns up to
-    // the band's end (about 60% of the full products).
+    // the band's end (about 60% of the full products). The bf16 products are done already.
     const BAND: usize = 16;
-    let mut r0 = match S::BF16_DOT && args.q.dtype == DType::BF16 && args.k.dtype == DType::BF16 {
-        true => m,
-        false => 0,
-    };
+    let mut r0 = if bf16_dot { m } else { 0 };
     while r0 < m {
         let rows = BAND.min(m - r0);
         let cols = m.min(r0 + BAND);
@@ -489,15 +486,13 @@ unsafe fn bf16_products<S: Simd>(
         base.wrapping_add(C * pairs),
         base.wrapping_add(2 * C * pairs),
     );
+    let (t, q, k) = (chunk.start, &args.q, &args.k);
+    let (q_rows, k_rows) = (q.at(&[t, h]).cast(), k.at(&[t, h]).cast());
+    let (q_strides, k_strides) = ((q.strides[0], q.strides[2]), (k.strides[0], k.strides[2]));
     unsafe {
-        for i in 0..m {
-            let t = chunk.start + i;
-            let q_row = (args.q.at(&[t, h]).cast(), (0, args.q.strides[2]));
-            let k_row = (args.k.at(&[t, h]).cast(), (0, args.k.strides[2]));
-            pack_bf16_pairs(q_row.0, q_row.1, 1, kd, q_pairs.add(i * pairs), pairs);
-            pack_bf16_pairs(k_row.0, k_row.1, 1, kd, k_pairs.add(i * pairs), pairs);
-            pack_bf16_pairs_transposed(k_row.0, k_row.1, 1, kd, kt_pairs.add(i), C);
-        }
+        pack_bf16_pairs(q_rows, q_strides, m, kd, q_pairs, pairs);
+        pack_bf16_pairs(k_rows, k_strides, m, kd, k_pairs, pairs);
+        pack_bf16_pairs_transposed(k_rows, k_strides, m, kd, kt_pairs, C);
         // Columns from m to C read pairs no token wrote: their products are never used.
         for (rows, dst) in [(k_pairs, &mut *kk), (q_pairs, &mut *qk)] {
             let c = dst.as_mut_ptr();

@@ -115,14 +115,11 @@ unsafe fn bf16_c_bt<S: Simd>(args: &Scan, chunk: Chunk, g: usize, cb: *mut f32) 
     let (c_pairs, bt_pairs): (*mut u32, *mut u32) =
         (c_pairs.as_mut_ptr().cast(), bt_pairs.as_mut_ptr().cast());
     let (nd, m) = (args.state_dim, chunk.len);
+    let (t, b, c) = (chunk.start, &args.b, &args.c);
     unsafe {
-        for i in 0..m {
-            let t = chunk.start + i;
-            let c_row = (args.c.at(&[t, g]).cast(), (0, args.c.strides[2]));
-            pack_bf16_pairs(c_row.0, c_row.1, 1, nd, c_pairs.add(i * pairs), pairs);
-            let b_row = (args.b.at(&[t, g]).cast(), (0, args.b.strides[2]));
-            pack_bf16_pairs_transposed(b_row.0, b_row.1, 1, nd, bt_pairs.add(i), L);
-        }
+        let (c_rows, b_rows) = (c.at(&[t, g]).cast(), b.at(&[t, g]).cast());
+        pack_bf16_pairs(c_rows, (c.strides[0], c.strides[2]), m, nd, c_pairs, pairs);
+        pack_bf16_pairs_transposed(b_rows, (b.strides[0], b.strides[2]), m, nd, bt_pairs, L);
         gemm_bf16_pairs::<S>(
             m,
             m,

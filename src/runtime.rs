@@ -194,19 +194,38 @@ fn detect() -> Isa {
 /// a cycle against 2 FMAs (`ssmk-bench`'s `bf16_dot_peak_gflops_1t` 103 against an f32 FMA peak
 /// of 208), and the chunked scan's prefill took 4% longer with it. Decided by the vendor, not by
 /// timing, so a process's results never depend on the load of the moment.
-#[cfg(target_arch = "x86_64")]
 fn bf16_dot_is_fast() -> bool {
-    let id = std::arch::x86_64::__cpuid(0);
-    let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
-        .iter()
-        .flat_map(|r| r.to_le_bytes())
-        .collect();
-    vendor == b"AuthenticAMD"
+    cpu_vendor() == Vendor::Amd
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-fn bf16_dot_is_fast() -> bool {
-    false
+/// The x86 CPU vendor (CPUID leaf 0), for the few choices measured to differ between vendors.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Vendor {
+    Amd,
+    Intel,
+    Other,
+}
+
+/// The CPU's vendor, read once (CPUID traps to the hypervisor in a VM).
+pub(crate) fn cpu_vendor() -> Vendor {
+    static VENDOR: OnceLock<Vendor> = OnceLock::new();
+    *VENDOR.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let id = std::arch::x86_64::__cpuid(0);
+            let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
+                .iter()
+                .flat_map(|r| r.to_le_bytes())
+                .collect();
+            match vendor.as_slice() {
+                b"AuthenticAMD" => Vendor::Amd,
+                b"GenuineIntel" => Vendor::Intel,
+                _ => Vendor::Other,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Vendor::Other
+    })
 }
 
 #[cfg(target_arch = "aarch64")]

@@ -20,9 +20,21 @@ use crate::kernels::Sequence;
 use crate::kernels::simd::{Simd, SimdElement};
 use crate::kernels::strided::{prefetch, prefetch_line};
 
-/// State rows ahead that decodes ask into L1 (4 KiB of f32 rows of 128): the v-contiguous first
-/// pass, the k-contiguous pipeline and Mamba-2's rows.
+/// State rows ahead that a decode's first pass prefetches (4 KiB of f32 rows of 128).
 pub(crate) const DECODE_PREFETCH_ROWS: usize = 8;
+
+/// State rows ahead that a decode streaming one row at a time (the k-contiguous pipeline,
+/// Mamba-2's rows) asks into L1: [`DECODE_PREFETCH_ROWS`] on Intel, where the hardware
+/// prefetchers stop at every page boundary (measured on a Xeon, B = 64: GDN and KDA `[v][k]`
+/// 0.81x -> 0.89-0.92x of the in-place bound on one thread, 0.88x -> 0.99-1.1x on two; Mamba-2
+/// 30-31 -> 26.5-28 ms and 16.3-16.5 -> 13.7-14.9 ms; distances 4 to 16 alike), none elsewhere
+/// (on Zen 4 every distance measured slowed Mamba-2's one-row stream, 17 ms without).
+pub(crate) fn streamed_row_prefetch() -> usize {
+    match crate::runtime::cpu_vendor() {
+        crate::runtime::Vendor::Intel => DECODE_PREFETCH_ROWS,
+        _ => 0,
+    }
+}
 
 /// Rows a v-contiguous decode's first pass reads whole before the next ones (4 KiB of f32
 /// rows of 128, in L1 while every column block of them is summed).
@@ -114,10 +126,8 @@ impl<St: SimdElement> StateColumns<'_, St> {
     /// GDN decode: four rows interleaved with software prefetch ran at 15.2 ms, one row at a
     /// time without it at 11.0), and each sweep has two independent pairs of sums in flight
     /// where one row alone is a chain of dependent FMAs (one row at a time from L3 ran 1.45x
-    /// slower than four interleaved). Rows are also asked into L1 [`DECODE_PREFETCH_ROWS`]
-    /// ahead, across the page boundaries where the hardware prefetchers stop (measured on a
-    /// Xeon, B = 64 GDN and KDA decodes: 0.81x -> 0.89-0.92x of the in-place bound on one
-    /// thread, 0.88x -> 0.99-1.1x on two).
+    /// slower than four interleaved). On Intel rows are also asked into L1 a few rows ahead
+    /// ([`streamed_row_prefetch`]).
     ///
     /// Row `j`: `s = dot . S[j]` (the old row; 0 without `READ`), `(c, c2) = terms.terms(j, s)`,
     /// `S[j] = d S[j] + k c + k2 c2` (stored with `WRITE`) and `o_j = S[j] . q`. Each sum has
@@ -148,10 +158,10 @@ impl<St: SimdElement> StateColumns<'_, St> {
                 }
                 _ => 0.0,
             };
-            let row_bytes = self.k.len() * size_of::<St>();
+            let (row_bytes, ahead) = (self.k.len() * size_of::<St>(), streamed_row_prefetch());
             for j in 0..vd {
-                if READ && j + DECODE_PREFETCH_ROWS < vd {
-                    prefetch(src(j + DECODE_PREFETCH_ROWS).cast(), row_bytes);
+                if READ && ahead > 0 && j + ahead < vd {
+                    prefetch(src(j + ahead).cast(), row_bytes);
                 }
                 let coefs = terms.terms(j, sum);
                 (o[j], sum) = match READ && j + 1 < vd {

@@ -8,7 +8,7 @@
 
 use super::Scan;
 use crate::kernels::chunking::TaskBuffer;
-use crate::kernels::decode_rows::DECODE_PREFETCH_ROWS;
+use crate::kernels::decode_rows::streamed_row_prefetch;
 use crate::kernels::simd::{
     Simd, SimdElement, clamped_exp, load_row_simd, store_row_simd, transpose,
 };
@@ -18,7 +18,7 @@ use crate::kernels::{Sequence, StateWrite};
 /// State rows ahead that [`rows`] prefetches when it copies a slot's rows through its row buffer
 /// (a strided or differently typed state, or several tokens): 8 KiB of f32 rows of 128, as
 /// measured for decodes on Zen 5 before they updated their rows in place (4 rows 13.3 ms, 16 rows
-/// 10.2 ms, B = 64). The in-place decode ([`decode_head`]) prefetches fewer: see there.
+/// 10.2 ms, B = 64). The in-place decode ([`decode_head`]): see there.
 const PREFETCH_ROWS: usize = 16;
 
 /// `y = (y + D x) * silu(z)` (no gate when `z` is `None`) over one output row.
@@ -317,11 +317,8 @@ unsafe fn decode_span<S: Simd, Io: RowIo<S>>(
 /// but the rows, and the rows go one at a time, one sequential stream: measured on Zen 4 (AVX2,
 /// 1 thread, Nemotron-H heads), B = 64 from memory 29-31 ms with two rows interleaved and
 /// software prefetches 16 rows ahead, 23-24 ms two rows without prefetches, 17 ms one row (an
-/// in-place pass over the same bytes: 12-13 ms); B = 1 from L3 0.170, 0.154 and 0.168 ms. One
-/// row at a time, rows are asked into L1 [`DECODE_PREFETCH_ROWS`] ahead, across the page
-/// boundaries where the hardware prefetchers stop, as the delta rules' decodes ask theirs
-/// (measured on a Xeon, B = 64: 30-31 -> 26.5-28 ms on one thread, 16.3-16.5 -> 13.7-14.9 ms
-/// on two; B = 1 unchanged).
+/// in-place pass over the same bytes: 12-13 ms); B = 1 from L3 0.170, 0.154 and 0.168 ms. On
+/// Intel the rows are also asked into L1 a few rows ahead ([`streamed_row_prefetch`]).
 ///
 /// # Safety
 /// The slots' pointers are valid for `y.len()` rows of `N` values; the CPU supports `S`.
@@ -374,13 +371,15 @@ unsafe fn decode_rows<
     let np = nd.next_multiple_of(l);
     let full = nd / l * l;
     let (b_row, c_row) = (bc.as_ptr(), bc[np..].as_ptr());
-    let rows = y.len();
+    let (rows, ahead) = (y.len(), streamed_row_prefetch());
     for (p, y) in y.iter_mut().enumerate() {
         let (row, s) = (io.row(p), step * x[p]);
         let slots = row.0;
-        if let (true, Some(src), true) = (READ, slots.src, p + DECODE_PREFETCH_ROWS < rows) {
-            let ahead = src.wrapping_add(DECODE_PREFETCH_ROWS * slots.row_len);
-            prefetch(ahead.cast(), nd * size_of::<St>());
+        if let (true, Some(src), true) = (READ, slots.src, ahead > 0 && p + ahead < rows) {
+            prefetch(
+                src.wrapping_add(ahead * slots.row_len).cast(),
+                nd * size_of::<St>(),
+            );
         }
         unsafe {
             let mut acc = decode_span::<S, _>(row, S::splat(s), b_row, c_row, full);

@@ -198,8 +198,10 @@ fn bf16_dot_is_fast() -> bool {
     cpu_vendor() == Vendor::Amd
 }
 
-/// The x86 CPU vendor (CPUID leaf 0), for the few choices measured to differ between vendors.
+/// The x86 CPU vendor (CPUID leaf 0), for the few choices measured to differ between vendors
+/// (`Other` on every other architecture).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Vendor {
     Amd,
     Intel,

@@ -288,16 +288,14 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
         run(cmd, "create the fresh venv");
     });
     let wheels = scratch.join("wheels");
+    let py_cargo = std::env::var_os("SSMK_PY_CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target.join("py-cargo"));
     let wheel = step("build the wheel (pip wheel ./cbindings/python)", || {
         let mut cmd = python_cmd(&fresh_py, &["-m", "pip", "wheel", "--no-deps", "-w"]);
         cmd.arg(&wheels)
             .arg(repo().join("cbindings/python"))
-            .env(
-                "CARGO_TARGET_DIR",
-                std::env::var_os("SSMK_PY_CARGO_TARGET_DIR")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| target.join("py-cargo")),
-            )
+            .env("CARGO_TARGET_DIR", &py_cargo)
             .current_dir(&scratch);
         run(cmd, "pip wheel");
         let mut found: Vec<PathBuf> = std::fs::read_dir(&wheels)
@@ -309,6 +307,30 @@ fn python_package_wheel_installs_and_torch_ops_pass() {
         found.pop().unwrap()
     });
     println!("== python package: wheel {}", wheel.display());
+    step(
+        "no SIMD intrinsic left out of line in the wheel's library",
+        || {
+            // The wheel's `cargo rustc --crate-type cdylib` partitions the code differently from
+            // `cargo build`: in one such build a closure in the RWKV-7 recurrence was not inlined,
+            // so each vector load there was a call to `_mm512_loadu_ps` (the op 4x slower).
+            let lib = py_cargo.join("release/libssmk.so");
+            let out = Command::new("nm")
+                .arg("-C")
+                .arg(&lib)
+                .output()
+                .expect("nm (binutils) lists the library's symbols");
+            assert!(out.status.success(), "nm {}", lib.display());
+            let text = String::from_utf8_lossy(&out.stdout);
+            let outlined: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("core::core_arch::") && !l.contains("::xsave::"))
+                .collect();
+            assert!(
+                outlined.is_empty(),
+                "SIMD intrinsics compiled as functions of their own: {outlined:#?}"
+            );
+        },
+    );
     step(
         "install the wheel into the fresh venv and import it",
         || {

@@ -18,7 +18,7 @@ use crate::kernels::{Sequence, StateWrite};
 /// State rows ahead that [`rows`] prefetches when it copies a slot's rows through its row buffer
 /// (a strided or differently typed state, or several tokens): 8 KiB of f32 rows of 128, as
 /// measured for decodes on Zen 5 before they updated their rows in place (4 rows 13.3 ms, 16 rows
-/// 10.2 ms, B = 64). The in-place decode ([`decode_head`]): see there.
+/// 10.2 ms, B = 64). The in-place decode ([`decode_head`]) prefetches its own way: see there.
 const PREFETCH_ROWS: usize = 16;
 
 /// `y = (y + D x) * silu(z)` (no gate when `z` is `None`) over one output row.

@@ -21,9 +21,13 @@ impl Strided {
     /// Address of element `index` (up to four dimensions).
     #[inline(always)]
     pub fn at(&self, index: &[usize]) -> *mut u8 {
+        // A plain loop: `zip`'s constructor was left out of line in a build, a call (and a
+        // `vzeroupper`) per address in the kernels' token loops.
         let mut off = 0usize;
-        for (i, s) in index.iter().zip(&self.strides) {
-            off += i * s;
+        let mut d = 0;
+        while d < index.len() {
+            off += index[d] * self.strides[d];
+            d += 1;
         }
         self.ptr.wrapping_add(off * self.dtype.size())
     }
